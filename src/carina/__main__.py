@@ -1,0 +1,5 @@
+"""``python -m carina`` runs the CLI."""
+
+from carina.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""carina's command line: one Typer app; subsystems' sub-apps load lazily."""
