@@ -46,7 +46,7 @@ def doctor(
     from carina.cli.doctor_view import show
     from carina.core.doctor import collect
 
-    report = collect(paths or [Path(".")], tools=not no_tools)
+    report = collect(paths or [Path()], tools=not no_tools)
     show(report, json_out=json_out)
 
 

@@ -20,16 +20,24 @@ def show(report: Report, *, json_out: bool) -> None:
     rows = [
         ("carina", report.carina, ""),
         ("python", report.python["version"], report.python["executable"]),
-        ("system", f"{report.system['os']} {report.system['kernel']}",
-         f"{report.system['cpus']} CPUs, {_gb(report.system['memory_bytes'])}"),
+        (
+            "system",
+            f"{report.system['os']} {report.system['kernel']}",
+            f"{report.system['cpus']} CPUs, {_gb(report.system['memory_bytes'])}",
+        ),
         ("torch", t["version"] or "not installed", f"CUDA build {t.get('cuda_build')}"),
         ("GPUs", gpus or "none", f"driver {t.get('driver')}" if gpus else ""),
         ("pinned memory", "yes" if report.pinned_memory["works"] else "no", report.pinned_memory["reason"]),
         ("io_uring", "yes" if report.io_uring["available"] else "no", report.io_uring["reason"]),
     ]
     for p in report.paths:
-        rows.append((f"path {p.path}", f"{p.filesystem} on {p.device}",
-                     f"O_DIRECT {'yes' if p.o_direct else 'no'}: {p.o_direct_reason}; free {_gb(p.free_bytes)}"))
+        rows.append(
+            (
+                f"path {p.path}",
+                f"{p.filesystem} on {p.device}",
+                f"O_DIRECT {'yes' if p.o_direct else 'no'}: {p.o_direct_reason}; free {_gb(p.free_bytes)}",
+            )
+        )
     for tool in report.tools:
         rows.append((f"tool {tool.name}", "yes" if tool.path else "missing", tool.version or tool.install))
     for name, extra in report.extras.items():

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 from typer.core import TyperGroup
 
 __all__ = ["SUBCOMMANDS", "LazyGroup", "SubApp"]
@@ -53,12 +52,14 @@ _BY_NAME = {s.name: s for s in SUBCOMMANDS}
 class LazyGroup(TyperGroup):
     """Typer's group plus the sub-apps of :data:`SUBCOMMANDS` that are present."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
+        """Typer's own commands, then the present lazy sub-apps."""
         eager = super().list_commands(ctx)
         lazy = [s.name for s in SUBCOMMANDS if s.present() and s.name not in eager]
         return eager + lazy
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """The command ``cmd_name``; a lazy sub-app is imported only when it will run."""
         cmd = super().get_command(ctx, cmd_name)
         if cmd is not None:
             return cmd
@@ -66,13 +67,13 @@ class LazyGroup(TyperGroup):
         if sub is None or not sub.present():
             return None
         if ctx.resilient_parsing or self._listing:
-            return click.Group(name=sub.name, help=sub.help, short_help=sub.help)
+            return TyperGroup(name=sub.name, help=sub.help, short_help=sub.help)
         return _load(sub)
 
     _listing = False
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        # While help is drawn only names and help lines are needed: import nothing.
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Draw help from the static table: names and help lines only, no imports."""
         self._listing = True
         try:
             super().format_help(ctx, formatter)
@@ -80,7 +81,7 @@ class LazyGroup(TyperGroup):
             self._listing = False
 
 
-def _load(sub: SubApp) -> click.Command:
+def _load(sub: SubApp) -> Any:
     import typer.main
 
     module: Any = importlib.import_module(sub.module)

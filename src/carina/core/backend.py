@@ -20,7 +20,7 @@ hooks (``_submit``, ``_poll``, ...) that subclasses fill.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -77,10 +77,8 @@ def select_backend(candidates: Iterable[B], request: Any = None) -> Selection[B]
         if not reasons:
             return Selection(backend=backend, skipped=skipped)
         skipped[backend.name] = list(reasons)
-    raise BackendUnavailable(
-        "no backend can serve this request: " + _format(skipped), request=repr(request)[:200]
-    )
+    raise BackendUnavailable("no backend can serve this request: " + _format(skipped), request=repr(request)[:200])
 
 
-def _format(skipped: dict[str, Sequence[str]]) -> str:
+def _format(skipped: Mapping[str, Sequence[str]]) -> str:
     return "; ".join(f"{name}: {', '.join(r)}" for name, r in skipped.items()) or "no candidates"

@@ -112,9 +112,7 @@ class Figure:
             "ceiling": self.ceiling,
             "ceiling_source": self.ceiling_source,
             "ratio_to_ceiling": self.ratio_to_ceiling(),
-            "peers": {
-                p: {"value": v, "ratio": self.ratio_to_peers()[p]} for p, v in self.peers.items()
-            },
+            "peers": {p: {"value": v, "ratio": self.ratio_to_peers()[p]} for p, v in self.peers.items()},
         }
 
 
@@ -262,9 +260,7 @@ def render_markdown(records: Sequence[Mapping[str, Any]], *, title: str | None =
         for fig in rec["figures"]:
             ceil = fig["ratio_to_ceiling"]
             ceil_txt = "–" if ceil is None else f"{ceil:.0%} of {_fmt(fig['ceiling'])} {fig['unit']}"
-            peers = ", ".join(
-                f"{p} {_fmt(v['value'])} ({_fmt(v['ratio'])}x)" for p, v in fig["peers"].items()
-            )
+            peers = ", ".join(f"{p} {_fmt(v['value'])} ({_fmt(v['ratio'])}x)" for p, v in fig["peers"].items())
             rows.append(
                 f"| {rec['name']} | {rec['machine']['label']} | {fig['name']} | "
                 f"{_fmt(fig['value'], 4)} {fig['unit']} | {fig['basis']} | {ceil_txt} | {peers or '–'} |"

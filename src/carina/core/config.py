@@ -249,7 +249,7 @@ def _load(value: Any, hint: Any, key: str) -> Any:
     return _coerce(value, hint, key)
 
 
-def _coerce(value: Any, hint: Any, key: str) -> Any:  # noqa: PLR0911 - one branch per kind
+def _coerce(value: Any, hint: Any, key: str) -> Any:
     """Check ``value`` against ``hint``; convert the lossless cases (str->Path/Enum, int->float)."""
     if hint is Any:
         return value

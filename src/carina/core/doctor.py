@@ -70,8 +70,11 @@ class Report:
 
 
 def _python() -> dict[str, str]:
-    return {"version": platform.python_version(), "executable": sys.executable,
-            "implementation": platform.python_implementation()}
+    return {
+        "version": platform.python_version(),
+        "executable": sys.executable,
+        "implementation": platform.python_implementation(),
+    }
 
 
 def _system() -> dict[str, Any]:
@@ -82,9 +85,15 @@ def _system() -> dict[str, Any]:
                 mem = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return {"os": platform.system(), "kernel": platform.release(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "memory_bytes": mem, "hostname": platform.node(),
-            "root": hasattr(os, "geteuid") and os.geteuid() == 0}
+    return {
+        "os": platform.system(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": mem,
+        "hostname": platform.node(),
+        "root": hasattr(os, "geteuid") and os.geteuid() == 0,
+    }
 
 
 def _torch() -> dict[str, Any]:
@@ -93,15 +102,26 @@ def _torch() -> dict[str, Any]:
         return {"installed": False, "version": None, "cuda_available": False, "gpus": []}
     import torch
 
-    info: dict[str, Any] = {"installed": True, "version": torch.__version__,
-                            "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
-                            "gpus": [], "driver": None}
+    info: dict[str, Any] = {
+        "installed": True,
+        "version": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [],
+        "driver": None,
+    }
     if info["cuda_available"]:
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            info["gpus"].append({"index": i, "name": props.name, "memory_bytes": props.total_memory,
-                                 "compute_capability": f"{props.major}.{props.minor}",
-                                 "multiprocessors": props.multi_processor_count})
+            info["gpus"].append(
+                {
+                    "index": i,
+                    "name": props.name,
+                    "memory_bytes": props.total_memory,
+                    "compute_capability": f"{props.major}.{props.minor}",
+                    "multiprocessors": props.multi_processor_count,
+                }
+            )
         info["driver"] = _driver_version()
     return info
 
@@ -165,13 +185,23 @@ def _missing(report: Report) -> list[Missing]:
     elif not report.torch["cuda_available"]:
         out.append(Missing("CUDA GPU", "none visible: GPU paths run on the CPU (device='cpu')"))
     if not report.io_uring["available"]:
-        out.append(Missing("io_uring", "carina.io falls back to its thread-pool backend; "
-                           "allow io_uring (sysctl kernel.io_uring_disabled=0)"))
+        out.append(
+            Missing(
+                "io_uring",
+                "carina.io falls back to its thread-pool backend; allow io_uring (sysctl kernel.io_uring_disabled=0)",
+            )
+        )
     out.extend(Missing(f"tool {t.name}", t.install) for t in report.tools if t.path is None)
-    out.extend(Missing(f"extra [{name}] ({', '.join(e['missing'])})", e["install"])
-               for name, e in report.extras.items() if not e["installed"])
-    out.extend(Missing(f"O_DIRECT on {p.path}", f"use a local ext4/xfs path ({p.o_direct_reason})")
-               for p in report.paths if not p.o_direct)
+    out.extend(
+        Missing(f"extra [{name}] ({', '.join(e['missing'])})", e["install"])
+        for name, e in report.extras.items()
+        if not e["installed"]
+    )
+    out.extend(
+        Missing(f"O_DIRECT on {p.path}", f"use a local ext4/xfs path ({p.o_direct_reason})")
+        for p in report.paths
+        if not p.o_direct
+    )
     return out
 
 

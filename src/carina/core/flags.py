@@ -58,7 +58,7 @@ class Flag(Generic[T]):
         """Return the flag's current value (override, environment, default)."""
         overrides = _OVERRIDES.get()
         if self.name in overrides:
-            return overrides[self.name]  # type: ignore[no-any-return]
+            return overrides[self.name]
         raw = os.environ.get(self.name)
         return self.default if raw is None else self.parse(raw)
 
@@ -75,7 +75,7 @@ class Flag(Generic[T]):
                 low = raw.strip().lower()
                 if low not in _TRUE | _FALSE:
                     raise ValueError(raw)
-                return low in _TRUE  # type: ignore[return-value]
+                return low in _TRUE
             return self.type(raw)
         except ValueError:
             raise ConfigError(f"{raw!r} is not a valid {self.type.__name__}", key=self.name) from None

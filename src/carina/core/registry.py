@@ -96,8 +96,7 @@ class Registry:
                 obj = getattr(obj, part)
         except ImportError as exc:
             raise BackendUnavailable(
-                f"{self.kind} {name!r} needs {exc.name or 'a missing package'}: "
-                f"run {install_hint(entry.extra)}",
+                f"{self.kind} {name!r} needs {exc.name or 'a missing package'}: run {install_hint(entry.extra)}",
                 key=name,
             ) from exc
         except AttributeError as exc:
