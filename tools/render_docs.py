@@ -1,7 +1,9 @@
 """Fill the results tables in docs/*.md and README.md from committed benchmark records.
 
 A page marks a table with ``<!-- results: GLOB -->`` ... ``<!-- /results -->``,
-GLOB relative to benchmarks/results (e.g. ``*/io_*.json``). Run with --check
+GLOB relative to benchmarks/results (e.g. ``*/io_*.json``): one row per figure.
+``<!-- rows: FILE metrics.KEY col1,col2 -->`` ... ``<!-- /rows -->`` renders a list of
+dicts stored in one record's metrics (e.g. a node's check report). Run with --check
 to exit 1 when a page is stale (the test suite does).
 """
 
@@ -15,6 +17,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<glob>[^>]+?) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+ROWS = re.compile(
+    r"(<!-- rows: (?P<file>\S+) metrics\.(?P<key>\S+) (?P<cols>\S+) -->\n)(?P<body>.*?)(<!-- /rows -->)", re.S
+)
+
+
+def _cell(value: object) -> str:
+    text = f"{value:.3g}" if isinstance(value, float) else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_rows(file: str, key: str, cols: list[str]) -> str:
+    """A markdown table of the dicts at ``metrics[key]`` of one record."""
+    from carina.core.bench import load_records
+
+    path = RESULTS / file
+    if not path.exists():
+        return "_No committed record yet._\n"
+    [record] = load_records(path)
+    rows = record["metrics"].get(key, [])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |" for row in rows]
+    return "\n".join(lines) + f"\n\n_From `{file}`, made by `{record['command']}`._\n"
 
 
 def render_page(text: str) -> str:
@@ -26,7 +50,8 @@ def render_page(text: str) -> str:
         body = render_markdown(load_records(files)) if files else "_No committed records yet._\n"
         return f"{match.group(1)}{body}{match.group(4)}"
 
-    return BLOCK.sub(fill, text)
+    text = BLOCK.sub(fill, text)
+    return ROWS.sub(lambda m: f"{m.group(1)}{render_rows(m['file'], m['key'], m['cols'].split(','))}{m.group(6)}", text)
 
 
 def pages() -> list[Path]:

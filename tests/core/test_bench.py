@@ -74,5 +74,6 @@ def test_committed_records_are_valid():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-    for rec in load_records(root):
+    files = sorted(root.rglob("*.json")) if root.exists() else []
+    for rec in load_records(files):
         assert rec["command"], rec["name"]

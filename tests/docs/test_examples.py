@@ -33,6 +33,7 @@ def test_every_subsystem_has_a_page_with_an_example():
         "gnn",
         "infra.storage",
         "infra.provision",
+        "infra.cluster",
         "security.risk",
         "security.introspect",
     ]
