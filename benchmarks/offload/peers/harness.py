@@ -1,0 +1,169 @@
+"""Train carina and every peer on the same model, tokens and budget; record, tabulate, plot.
+
+One command runs every system as its own process on each configuration and writes one JSON
+record per (system, configuration), ``offload_peers_summary.md`` and ``offload_peers.png``
+(tokens/s per system per configuration, the ideal and the roofline marked)::
+
+    python benchmarks/offload/peers/harness.py --preset h100     # 7B / 24 GB / 8k-32k-128k tokens
+    python benchmarks/offload/peers/harness.py --preset ci       # a tiny model on the CPU
+
+Ideal: plain PyTorch with unlimited memory; when the model does not fit, its step time is
+extrapolated from 4- and 8-layer truncations (time = a + b·layers). Roofline: the step cannot
+be faster than the ideal's compute, nor than moving the bf16 weights to the GPU twice (forward
+and backward) and the bf16 gradients back once over the measured PCIe bandwidth, nor than the
+measured CPU AdamW throughput over all parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from workload import SHAPES, RunSpec  # noqa: E402
+
+PEERS = ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload"]
+PRESETS: dict[str, dict[str, Any]] = {
+    "ci": {
+        "shape": "tiny",
+        "tokens": [256],
+        "budget": None,
+        "seq_len": 64,
+        "steps": 4,
+        "warmup": 1,
+        "systems": ["plain", *PEERS],
+    },
+    "h100": {
+        "shape": "7b",
+        "tokens": [8192, 32768, 131072],
+        "budget": 24.0,
+        "seq_len": 2048,
+        "steps": 5,
+        "warmup": 2,
+        "systems": PEERS,
+    },
+    "h100-3b-check": {
+        "shape": "3b",
+        "tokens": [8192],
+        "budget": None,
+        "seq_len": 2048,
+        "steps": 5,
+        "warmup": 2,
+        "systems": ["plain", *PEERS],
+    },
+}
+
+
+def run_one(spec: RunSpec, timeout: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, str(HERE / "run_system.py"), "--spec", json.dumps(asdict(spec)), "--out", str(out)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"spec": asdict(spec), "status": "failed", "reason": f"timed out after {timeout:g} s"}
+        if not out.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return {"spec": asdict(spec), "status": "failed", "reason": f"exit {proc.returncode}: {tail[0][:300]}"}
+        return dict(json.loads(out.read_text()))
+
+
+def calibrate(timeout: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "calib.json"
+        subprocess.run(
+            [sys.executable, str(HERE / "run_system.py"), "--calibrate", "--out", str(out)], check=True, timeout=timeout
+        )
+        return dict(json.loads(out.read_text()))
+
+
+def n_params(spec: RunSpec) -> int:
+    from workload import llama_config
+
+    cfg = llama_config(spec)
+    h, inter, layers, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    return layers * (4 * h * h + 3 * h * inter + 2 * h) + 2 * vocab * h + h
+
+
+def ideal_step_s(base: RunSpec, timeout: float) -> tuple[float | None, str]:
+    """Unlimited-memory step time: measured when plain fits uncapped, else extrapolated from 4 and 8 layers."""
+    full = run_one(replace(base, system="plain", gpu_budget_gib=None), timeout)
+    if full["status"] == "ok":
+        return base.tokens_per_step / full["tokens_per_s"], "measured (plain PyTorch, uncapped)"
+    points = []
+    for layers in (4, 8):
+        res = run_one(replace(base, system="plain", gpu_budget_gib=None, layers=layers), timeout)
+        if res["status"] != "ok":
+            return None, f"plain PyTorch could not run {layers} layers: {res['reason']}"
+        points.append((layers, base.tokens_per_step / res["tokens_per_s"]))
+    (l4, t4), (l8, t8) = points
+    slope = (t8 - t4) / (l8 - l4)
+    layers = SHAPES[base.shape]["num_hidden_layers"]
+    return t4 + slope * (layers - l4), f"extrapolated from {l4}/{l8}-layer truncations ({full['reason'][:80]})"
+
+
+def roofline_step_s(spec: RunSpec, ideal_s: float | None, calib: dict[str, float]) -> float | None:
+    if ideal_s is None or "h2d_gbps" not in calib:
+        return None
+    n = n_params(spec)
+    return max(
+        ideal_s,
+        4 * n / (calib["h2d_gbps"] * 1e9),
+        2 * n / (calib["d2h_gbps"] * 1e9),
+        n / calib["cpu_adamw_params_per_s"],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
+    parser.add_argument("--systems", nargs="*", help="override the preset's systems")
+    parser.add_argument("--nvme-path", default=None, help="spill directory (adds ZeRO-Infinity and carina+nvme)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/<machine>)")
+    args = parser.parse_args()
+    preset = PRESETS[args.preset]
+    systems = args.systems or list(preset["systems"])
+    if args.nvme_path and "deepspeed_zero_infinity" not in systems:
+        systems.append("deepspeed_zero_infinity")
+    calib = calibrate(args.timeout)
+    rows = []
+    for tokens in preset["tokens"]:
+        base = RunSpec(
+            system="plain",
+            shape=preset["shape"],
+            tokens_per_step=tokens,
+            seq_len=preset["seq_len"],
+            gpu_budget_gib=preset["budget"],
+            steps=preset["steps"],
+            warmup=preset["warmup"],
+            nvme_path=args.nvme_path,
+        )
+        ideal_s, ideal_how = ideal_step_s(base, args.timeout)
+        results = {s: run_one(replace(base, system=s), args.timeout) for s in systems}
+        rows.append(
+            {
+                "tokens": tokens,
+                "base": asdict(base),
+                "ideal_s": ideal_s,
+                "ideal_how": ideal_how,
+                "roofline_s": roofline_step_s(base, ideal_s, calib),
+                "results": results,
+            }
+        )
+    from report import write_outputs
+
+    for path in write_outputs(rows, calib, command=" ".join(["python", *sys.argv]), out=args.out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

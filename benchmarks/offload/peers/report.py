@@ -1,0 +1,144 @@
+"""Turn the harness's rows into carina bench records, a markdown summary and a PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from carina.core.bench import Figure, make_record, results_dir, write_record
+
+LOSS_RTOL_GPU = 2e-2  # bf16 compute: losses agree to about two significant digits
+LOSS_RTOL_CPU = 1e-4  # fp32 on the CPU: same math, different kernels and orders
+
+
+def _correct(result: dict[str, Any], reference: dict[str, Any] | None, device_is_gpu: bool) -> bool | None:
+    if result["status"] != "ok" or reference is None or reference.get("status") != "ok":
+        return None
+    a, b = result["losses"][-1], reference["losses"][-1]
+    return abs(a - b) <= (LOSS_RTOL_GPU if device_is_gpu else LOSS_RTOL_CPU) * max(1.0, abs(b))
+
+
+def _config_name(row: dict[str, Any]) -> str:
+    base = row["base"]
+    budget = f"{base['gpu_budget_gib']:g}g" if base["gpu_budget_gib"] else "nocap"
+    return f"{base['shape']}_{row['tokens']}tok_{budget}"
+
+
+def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        tokens = row["tokens"]
+        ideal = tokens / row["ideal_s"] if row["ideal_s"] else None
+        roof = tokens / row["roofline_s"] if row["roofline_s"] else None
+        ok = {s: r["tokens_per_s"] for s, r in row["results"].items() if r["status"] == "ok"}
+        reference = row["results"].get("plain")
+        for system, result in row["results"].items():
+            figures = []
+            if result["status"] == "ok":
+                peers = {s: v for s, v in ok.items() if s != system}
+                if ideal:
+                    peers["ideal (unlimited memory)"] = ideal
+                figures.append(
+                    Figure(
+                        name="tokens_per_s",
+                        value=result["tokens_per_s"],
+                        unit="tokens/s",
+                        ceiling=roof,
+                        ceiling_source="roofline: max(ideal compute, 4N/H2D, 2N/D2H, N/CPU-AdamW), measured in this run"
+                        if roof
+                        else "",
+                        peers=peers,
+                    )
+                )
+            gpu = (result.get("spec") or {}).get("device", "auto") != "cpu" and "h2d_gbps" in calib
+            metrics = {
+                "status": result["status"],
+                "reason": result.get("reason", ""),
+                "losses": result.get("losses", []),
+                "step_s": result.get("step_s", []),
+                "peak_gpu_bytes": result.get("peak_gpu_bytes"),
+                "peak_host_rss_bytes": result.get("peak_host_rss_bytes"),
+                "settings": result.get("settings", {}),
+                "versions": result.get("versions", {}),
+                "ideal_tokens_per_s": ideal,
+                "ideal_how": row["ideal_how"],
+                "roofline_tokens_per_s": roof,
+                "calibration": calib,
+                "loss_matches_plain": _correct(result, reference, gpu) if system != "plain" else None,
+            }
+            out.append(
+                make_record(
+                    name=f"offload_peers_{_config_name(row)}_{system}",
+                    figures=figures,
+                    config=row["base"] | {"system": system},
+                    metrics=metrics,
+                    command=command,
+                )
+            )
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    systems = sorted({s for row in rows for s in row["results"]})
+    lines = [
+        "| configuration | ideal tok/s | roofline tok/s | " + " | ".join(systems) + " |",
+        "|---|---|---|" + "---|" * len(systems),
+    ]
+    for row in rows:
+        cells = []
+        for s in systems:
+            r = row["results"].get(s)
+            if r is None:
+                cells.append("–")
+            elif r["status"] == "ok":
+                cells.append(f"{r['tokens_per_s']:.0f}")
+            else:
+                cells.append(f"{r['status']}: {r.get('reason', '')[:60]}")
+        ideal = f"{row['tokens'] / row['ideal_s']:.0f}" if row["ideal_s"] else "–"
+        roof = f"{row['tokens'] / row['roofline_s']:.0f}" if row["roofline_s"] else "–"
+        lines.append(f"| {_config_name(row)} | {ideal} | {roof} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = sorted({s for row in rows for s in row["results"]})
+    fig, ax = plt.subplots(figsize=(2.5 + 2.2 * len(rows), 4.5))
+    width = 0.8 / max(1, len(systems))
+    for i, s in enumerate(systems):
+        xs = [j + i * width for j in range(len(rows))]
+        ys = [(row["results"].get(s) or {}).get("tokens_per_s") or 0 for row in rows]
+        ax.bar(xs, ys, width, label=s)
+    for j, row in enumerate(rows):
+        for key, style, label in (("ideal_s", "--", "ideal"), ("roofline_s", ":", "roofline")):
+            if row[key]:
+                ax.hlines(
+                    row["tokens"] / row[key],
+                    j - width / 2,
+                    j + 0.8 - width / 2,
+                    linestyles=style,
+                    colors="black",
+                    label=label if j == 0 else None,
+                )
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [_config_name(r) for r in rows])
+    ax.set_ylabel("tokens/s")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_outputs(
+    rows: list[dict[str, Any]], calib: dict[str, float], *, command: str, out: Path | None = None
+) -> list[Path]:
+    recs = records(rows, calib, command)
+    paths = [write_record(r, directory=out) for r in recs]
+    folder = out or results_dir(recs[0]["machine"]["label"])
+    md = folder / "offload_peers_summary.md"
+    md.write_text(f"Command: `{command}`\n\n" + summary(rows))
+    png = folder / "offload_peers.png"
+    plot(rows, png)
+    return [*paths, md, png]

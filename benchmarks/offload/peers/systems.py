@@ -1,0 +1,224 @@
+"""carina and each peer, set up as its own documentation recommends, behind one signature.
+
+``run(spec) -> RunResult``. A system that cannot run a configuration returns a result with
+``status="unavailable"`` (not installed, needs a GPU) or ``"failed"`` (out of memory at this
+budget, a crash) and the reason, never nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, resolve_device, timed_loop
+
+
+def _autocast(device: str) -> Any:
+    import torch
+
+    return torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
+
+
+def _hf_step(model: Any, optimizer: Any, device: str) -> Callable[[Any], float]:
+    def step(tokens: Any) -> float:
+        tokens = tokens.to(device)
+        with _autocast(device):
+            loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+def run_plain(spec: RunSpec) -> RunResult:
+    """Plain PyTorch: everything on the device (the unlimited-memory ideal when it fits)."""
+    import torch
+
+    device = resolve_device(spec.device)
+    cap_gpu(spec, device)
+    model = build_model(spec, device=device)
+    opt = torch.optim.AdamW(model.parameters(), **OPTIM, fused=device.startswith("cuda"))
+    result = timed_loop(spec, _hf_step(model, opt, device), device)
+    result.settings = {"optimizer": "torch.optim.AdamW (fused on CUDA)", "compute": "bf16 autocast on CUDA"}
+    return result
+
+
+def run_carina(spec: RunSpec) -> RunResult:
+    """carina.offload.wrap with the same budget."""
+    import torch
+
+    import carina.offload as co
+
+    device = resolve_device(spec.device)
+    model = build_model(spec, device="cpu")
+    budget = int(spec.gpu_budget_gib * 2**30) if spec.gpu_budget_gib else None
+    cfg = co.OffloadConfig(
+        device=device, device_budget=budget, nvme_path=spec.nvme_path, nvme_budget=(200 << 30) if spec.nvme_path else 0
+    )
+    model, opt = co.wrap(model, cfg, optimizer=torch.optim.AdamW(model.parameters(), **OPTIM))
+    cap_gpu(spec, device)
+    result = timed_loop(spec, _hf_step(model, opt, device), device)
+    result.settings = {"config": cfg.to_dict()}
+    return result
+
+
+def _init_single_process_group(device: str) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=0, world_size=1)
+
+
+def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
+    """FSDP2 fully_shard per decoder layer with CPUOffloadPolicy, world size 1, fused CPU AdamW."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    device = resolve_device(spec.device)
+    if not device.startswith("cuda"):
+        return RunResult(spec=spec, status="unavailable", reason="CPUOffloadPolicy offloads from a CUDA device")
+    cap_gpu(spec, device)
+    _init_single_process_group(device)
+    mesh = init_device_mesh("cuda", (1,))
+    model = build_model(spec, device="cpu")
+    kwargs = {
+        "mesh": mesh,
+        "offload_policy": CPUOffloadPolicy(pin_memory=True),
+        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    }
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    opt = torch.optim.AdamW(model.parameters(), **OPTIM, fused=True)
+    result = timed_loop(spec, _hf_step(model, opt, device), device)
+    result.settings = {
+        "fully_shard": "per decoder layer + root",
+        "offload": "CPUOffloadPolicy(pin_memory=True)",
+        "mp": "bf16 params, fp32 reduce",
+        "optimizer": "torch.optim.AdamW(fused=True) on CPU",
+    }
+    return result
+
+
+def run_torchao_cpu_offload(spec: RunSpec) -> RunResult:
+    """torchao's CPUOffloadOptimizer: weights on the GPU, AdamW states and step on the CPU."""
+    import torch
+
+    device = resolve_device(spec.device)
+    if not device.startswith("cuda"):
+        return RunResult(spec=spec, status="unavailable", reason="CPUOffloadOptimizer needs a CUDA device")
+    from torchao.optim import CPUOffloadOptimizer
+
+    cap_gpu(spec, device)
+    model = build_model(spec, device=device)
+    opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True, **OPTIM)
+    result = timed_loop(spec, _hf_step(model, opt, device), device)
+    result.settings = {"optimizer": "CPUOffloadOptimizer(AdamW, fused=True)", "offload_gradients": False}
+    return result
+
+
+def _ds_config(spec: RunSpec, nvme: bool) -> dict[str, Any]:
+    rows = max(1, spec.tokens_per_step // spec.seq_len)
+    target = (
+        {"device": "nvme", "nvme_path": spec.nvme_path, "pin_memory": True}
+        if nvme
+        else {"device": "cpu", "pin_memory": True}
+    )
+    return {
+        "train_micro_batch_size_per_gpu": rows,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": OPTIM["lr"],
+                "betas": list(OPTIM["betas"]),
+                "weight_decay": OPTIM["weight_decay"],
+                "eps": OPTIM["eps"],
+            },
+        },
+        "zero_optimization": {
+            "stage": 3,
+            "offload_param": dict(target),
+            "offload_optimizer": dict(target),
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "stage3_prefetch_bucket_size": 5e7,
+            "stage3_max_live_parameters": 1e9,
+        },
+        "aio": {"block_size": 1 << 20, "queue_depth": 32, "single_submit": False, "overlap_events": True},
+        "wall_clock_breakdown": False,
+    }
+
+
+def _run_deepspeed(spec: RunSpec, *, nvme: bool) -> RunResult:
+    device = resolve_device(spec.device)
+    if not device.startswith("cuda"):
+        return RunResult(spec=spec, status="unavailable", reason="DeepSpeed ZeRO offload needs a CUDA device")
+    if nvme and not spec.nvme_path:
+        return RunResult(spec=spec, status="unavailable", reason="no nvme_path for ZeRO-Infinity")
+    import deepspeed
+
+    cap_gpu(spec, device)
+    _init_single_process_group(device)
+    config = _ds_config(spec, nvme)
+    with deepspeed.zero.Init(config_dict_or_path=config, remote_device="nvme" if nvme else "cpu", pin_memory=True):
+        model = build_model(spec, device="cpu")
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+
+    def step(tokens: Any) -> float:
+        tokens = tokens.to(device)
+        loss = engine(input_ids=tokens, labels=tokens).loss
+        engine.backward(loss)
+        engine.step()
+        return float(loss.detach())
+
+    result = timed_loop(spec, step, device)
+    result.settings = {"deepspeed_config": config}
+    result.versions["deepspeed"] = deepspeed.__version__
+    return result
+
+
+def run_deepspeed_zero3_offload(spec: RunSpec) -> RunResult:
+    """DeepSpeed ZeRO-3 with offload_param and offload_optimizer to CPU (ZeRO-Offload), DeepSpeedCPUAdam."""
+    return _run_deepspeed(spec, nvme=False)
+
+
+def run_deepspeed_zero_infinity(spec: RunSpec) -> RunResult:
+    """DeepSpeed ZeRO-Infinity: parameters and optimizer states on NVMe."""
+    return _run_deepspeed(spec, nvme=True)
+
+
+SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
+    "plain": run_plain,
+    "carina": run_carina,
+    "deepspeed_zero3_offload": run_deepspeed_zero3_offload,
+    "deepspeed_zero_infinity": run_deepspeed_zero_infinity,
+    "fsdp2_cpu_offload": run_fsdp2_cpu_offload,
+    "torchao_cpu_offload": run_torchao_cpu_offload,
+}
+
+
+def run(spec: RunSpec) -> RunResult:
+    """Run ``spec``; turn a missing package or a crash into a result that says why."""
+    import torch
+
+    try:
+        result = SYSTEMS[spec.system](spec)
+    except ImportError as exc:
+        result = RunResult(spec=spec, status="unavailable", reason=f"not installed: {exc.name or exc}")
+    except torch.OutOfMemoryError as exc:
+        result = RunResult(spec=spec, status="failed", reason="out of memory: " + str(exc).splitlines()[0][:200])
+    except Exception as exc:
+        last = traceback.format_exc().strip().splitlines()[-1]
+        result = RunResult(spec=spec, status="failed", reason=f"{type(exc).__name__}: {last[:300]}")
+    result.versions["torch"] = torch.__version__
+    return result

@@ -1,0 +1,151 @@
+"""The shared workload: Llama shapes built from configs (random init), synthetic tokens, a timed loop.
+
+Every system (carina and each peer) trains the same model, on the same tokens, with the same
+optimizer hyper-parameters (AdamW, lr 1e-4, betas 0.9/0.95, weight decay 0.1, no clipping),
+and reports the same metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SHAPES: dict[str, dict[str, int]] = {
+    # name: LlamaConfig fields. V=32000 (Llama-2 vocabulary) everywhere.
+    "tiny": {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4},
+    "1b": {"hidden_size": 2048, "intermediate_size": 5504, "num_hidden_layers": 22, "num_attention_heads": 16},
+    "3b": {"hidden_size": 3200, "intermediate_size": 8640, "num_hidden_layers": 26, "num_attention_heads": 32},
+    "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32},
+    "13b": {"hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40},
+}
+OPTIM = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8}
+
+
+@dataclass
+class RunSpec:
+    """One (system, configuration) to run."""
+
+    system: str
+    shape: str = "tiny"
+    layers: int | None = None  # override (layer truncation for the ideal)
+    tokens_per_step: int = 256
+    seq_len: int = 64
+    gpu_budget_gib: float | None = None  # cap on the GPU's memory for this process
+    steps: int = 6
+    warmup: int = 2
+    seed: int = 0
+    device: str = "auto"
+    nvme_path: str | None = None
+    vocab: int = 32000
+
+
+@dataclass
+class RunResult:
+    """What one run measured, or why it could not run."""
+
+    spec: RunSpec
+    status: str  # ok | failed | unavailable
+    reason: str = ""
+    tokens_per_s: float | None = None
+    step_s: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    peak_gpu_bytes: int | None = None
+    peak_host_rss_bytes: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def llama_config(spec: RunSpec) -> Any:
+    from transformers import LlamaConfig
+
+    fields = dict(SHAPES[spec.shape])
+    if spec.layers is not None:
+        fields["num_hidden_layers"] = spec.layers
+    return LlamaConfig(
+        vocab_size=spec.vocab,
+        max_position_embeddings=max(spec.seq_len, 128),
+        use_cache=False,
+        tie_word_embeddings=False,
+        **fields,
+    )
+
+
+def build_model(spec: RunSpec, *, device: str = "cpu") -> Any:
+    """The Llama model of ``spec``, seeded, random init, fp32, on ``device``."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(spec.seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(llama_config(spec))
+    model.config.use_cache = False
+    return model
+
+
+def batches(spec: RunSpec) -> list[Any]:
+    """Synthetic token batches, identical for every system (seeded on the CPU)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(spec.seed + 1)
+    rows = max(1, spec.tokens_per_step // spec.seq_len)
+    total = spec.warmup + spec.steps
+    return [torch.randint(0, spec.vocab, (rows, spec.seq_len), generator=gen) for _ in range(total)]
+
+
+def peak_host_rss() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def timed_loop(spec: RunSpec, step: Any, device: str) -> RunResult:
+    """Run warm-up then measured steps; ``step(tokens) -> loss float``."""
+    import torch
+
+    losses, times = [], []
+    for i, tokens in enumerate(batches(spec)):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = float(step(tokens))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        losses.append(loss)
+        if i >= spec.warmup:
+            times.append(elapsed)
+    times_sorted = sorted(times)
+    median = times_sorted[len(times_sorted) // 2]
+    rows = max(1, spec.tokens_per_step // spec.seq_len)
+    peak_gpu = int(torch.cuda.max_memory_reserved()) if device.startswith("cuda") else None
+    return RunResult(
+        spec=spec,
+        status="ok",
+        tokens_per_s=rows * spec.seq_len / median,
+        step_s=times,
+        losses=losses,
+        peak_gpu_bytes=peak_gpu,
+        peak_host_rss_bytes=peak_host_rss(),
+    )
+
+
+def cap_gpu(spec: RunSpec, device: str) -> None:
+    """Limit this process's share of the GPU to the spec's budget."""
+    import torch
+
+    if spec.gpu_budget_gib is None or not device.startswith("cuda"):
+        return
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, spec.gpu_budget_gib * 2**30 / total))
