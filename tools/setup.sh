@@ -12,7 +12,8 @@ want_dev=0
 
 APT_PACKAGES=(
   python3-venv git
-  qemu-system-x86 qemu-utils qemu-system-common ipxe-qemu
+  qemu-system-x86 qemu-utils qemu-system-common qemu-block-extra ipxe-qemu
+  linux-image-cloud-amd64 busybox-static
   tgt nbdkit libnbd-bin nbd-client fio mmdebstrap
   e2fsprogs xfsprogs dosfstools lvm2 fdisk
 )

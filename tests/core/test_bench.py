@@ -77,3 +77,14 @@ def test_committed_records_are_valid():
     files = sorted(root.rglob("*.json")) if root.exists() else []
     for rec in load_records(files):
         assert rec["command"], rec["name"]
+
+
+def test_records_do_not_name_this_checkouts_path():
+    from carina.core.bench import _REPO
+
+    env = {"torch": {"gpus": []}, "python": {"executable": str(_REPO / ".venv/bin/python")}}
+    rec = make_record(
+        name="p", figures=[], config={"dir": str(_REPO / "x")}, command=f"{_REPO}/bench.py", environment=env
+    )
+    assert str(_REPO) not in json.dumps(rec)
+    assert rec["environment"]["python"]["executable"] == "$REPO/.venv/bin/python"

@@ -43,6 +43,7 @@ __all__ = [
     "make_record",
     "render_markdown",
     "results_dir",
+    "scrub_paths",
     "validate_record",
     "write_record",
 ]
@@ -173,6 +174,7 @@ def make_record(
     cmd = command if isinstance(command, str) else shlex.join(command)
     sha, dirty = git_state()
     cfg = config.to_dict() if hasattr(config, "to_dict") else to_jsonable(config)
+    environment, cmd, cfg = scrub_paths(dict(environment)), scrub_paths(cmd), scrub_paths(cfg)
     return {
         "schema": SCHEMA,
         "name": name,
@@ -182,11 +184,23 @@ def make_record(
         "machine": {"label": machine_label(environment), "hostname": platform.node()},
         "command": cmd,
         "config": cfg,
-        "environment": dict(environment),
+        "environment": environment,
         "figures": [f.to_dict() for f in figures],
         "metrics": to_jsonable(dict(metrics or {})),
         "notes": notes,
     }
+
+
+def scrub_paths(obj: Any) -> Any:
+    """Replace this checkout's absolute path by ``$REPO`` (records must not name the machine's paths)."""
+    root = str(_REPO)
+    if isinstance(obj, str):
+        return obj.replace(root, "$REPO")
+    if isinstance(obj, Mapping):
+        return {k: scrub_paths(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [scrub_paths(v) for v in obj]
+    return obj
 
 
 def results_dir(label: str) -> Path:

@@ -1,0 +1,157 @@
+"""Start one host's PS shards and workers, train, and collect the outcome.
+
+The parent builds the model once to lay out the shared segment and write the initial fp32
+masters, spawns the workers and then the PS shards (which watch the workers' pids), and
+waits. Each of the ``hosts · workers`` workers computes ``loss / (hosts · workers)`` on its
+slice of the global batch, so the PS's plain sum (across hosts: an all-reduce of the shard sums)
+equals the gradient of the mean loss over the global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from carina.core.errors import CarinaError
+from carina.offload.disagg.config import DisaggConfig
+from carina.offload.disagg.control import Control, WorkerDied
+from carina.offload.disagg.demo import lm_loss, synthetic_batch, tiny_llama
+from carina.offload.disagg.layout import SharedLayout, map_segment, view
+from carina.offload.disagg.server import publish_dtype, serve_shard
+
+__all__ = ["LaunchResult", "launch"]
+
+
+@dataclass
+class LaunchResult:
+    """What a job produced: the global loss per step and the final fp32 masters."""
+
+    losses: list[float]
+    masters: dict[str, Any]
+    steps_done: int
+
+
+def _worker_main(
+    cfg: DisaggConfig,
+    rank: int,
+    layout: SharedLayout,
+    job: str,
+    steps: int,
+    model_fn: Callable[[], Any],
+    batch_fn: Callable[[int, int, int], Any],
+    loss_fn: Callable[[Any, Any], Any],
+) -> None:
+    import torch
+
+    from carina.offload.disagg.worker import DisaggWorker
+
+    torch.set_num_threads(1)
+    device = _device(cfg)
+    segment = map_segment(Path(job) / "segment", layout.nbytes, create=False)
+    control = Control(Path(job) / "control", cfg.workers, cfg.ps_shards, create=False)
+    model = model_fn().to(device)
+    worker = DisaggWorker(model, cfg, rank, layout, segment, control, device=device)
+    losses = []
+    world = cfg.hosts * cfg.workers  # every worker of every host takes one slice of the global batch
+    for k in range(steps):
+        batch = batch_fn(k, cfg.host_rank * cfg.workers + rank, world).to(device)
+        loss = loss_fn(model, batch) / world
+        loss.backward()
+        worker.step()
+        losses.append(float(loss.detach()))
+    (Path(job) / f"losses{rank}.json").write_text(json.dumps(losses))
+
+
+def _device(cfg: DisaggConfig) -> str:
+    if cfg.device != "auto":
+        return cfg.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _init_segment(cfg: DisaggConfig, job: Path, model: Any) -> tuple[SharedLayout, Any, Control]:
+    import torch
+
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [(n, tuple(p.shape)) for n, p in trainable]
+    itemsize = torch.empty(0, dtype=publish_dtype(cfg)).element_size()
+    layout = SharedLayout.plan(params, workers=cfg.workers, shards=cfg.ps_shards, publish_itemsize=itemsize)
+    layout.check_fits(job)
+    segment = map_segment(job / "segment", layout.nbytes, create=True)
+    control = Control(job / "control", cfg.workers, cfg.ps_shards, create=True)
+    with torch.no_grad():
+        for slot, (_, p) in zip(layout.slots, trainable, strict=True):
+            view(segment, slot.master, slot.shape, torch.float32).copy_(p.detach().float())
+            view(segment, slot.published, slot.shape, publish_dtype(cfg)).copy_(p.detach())
+    return layout, segment, control
+
+
+def launch(
+    cfg: DisaggConfig,
+    *,
+    steps: int,
+    model_fn: Callable[[], Any] = tiny_llama,
+    batch_fn: Callable[[int, int, int], Any] = synthetic_batch,
+    loss_fn: Callable[[Any, Any], Any] = lm_loss,
+) -> LaunchResult:
+    """Train ``steps`` steps with ``cfg.workers`` workers and ``cfg.ps_shards`` PS shards on this host.
+
+    Raises:
+        WorkerDied: A worker died; the error names it and the masters stay at the last full step.
+        CapacityError: The shared segment does not fit ``cfg.shm_dir`` (before anything starts).
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    # A fork server that has imported torch and transformers once (and never touched CUDA):
+    # each process then starts in milliseconds instead of re-importing everything.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(
+        ["carina.offload.disagg.job", "carina.offload.disagg.worker", "transformers.models.llama.modeling_llama"]
+    )
+    job = Path(tempfile.mkdtemp(prefix="carina-disagg-", dir=cfg.shm_dir))
+    try:
+        layout, segment, control = _init_segment(cfg, job, model_fn())
+        workers = [
+            ctx.Process(
+                target=_worker_main,
+                args=(cfg, r, layout, str(job), steps, model_fn, batch_fn, loss_fn),
+                name=f"carina-worker-{r}",
+            )
+            for r in range(cfg.workers)
+        ]
+        for w in workers:
+            w.start()
+        pids = [w.pid or 0 for w in workers]
+        servers = [
+            ctx.Process(
+                target=serve_shard,
+                args=(cfg, s, layout, str(job / "segment"), str(job / "control"), steps, pids),
+                name=f"carina-ps-{s}",
+            )
+            for s in range(cfg.ps_shards)
+        ]
+        for s in servers:
+            s.start()
+        for p in [*workers, *servers]:
+            p.join()
+        done = min(control.done_step(s) for s in range(cfg.ps_shards))
+        masters = {slot.name: view(segment, slot.master, slot.shape, torch.float32).clone() for slot in layout.slots}
+        if control.aborted or any(p.exitcode for p in workers):
+            dead = control.dead_worker
+            if dead is None:
+                dead = next(i for i, p in enumerate(workers) if p.exitcode)
+            raise WorkerDied(f"worker {dead} died; parameter server state kept at step {done}", worker=dead, step=done)
+        if any(p.exitcode for p in servers):
+            raise CarinaError("a parameter-server shard failed", exitcodes=[p.exitcode for p in servers])
+        per_worker = [json.loads((job / f"losses{r}.json").read_text()) for r in range(cfg.workers)]
+        losses = [sum(ws[k] for ws in per_worker) for k in range(steps)]
+        return LaunchResult(losses=losses, masters=masters, steps_done=done)
+    finally:
+        shutil.rmtree(job, ignore_errors=True)

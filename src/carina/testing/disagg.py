@@ -1,0 +1,20 @@
+"""Helpers for testing carina.offload.disagg: a data function whose worker dies mid-run."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from carina.offload.disagg.demo import synthetic_batch
+
+__all__ = ["DIE_AT_STEP", "DYING_WORKER", "dying_batch"]
+
+DYING_WORKER = 1
+DIE_AT_STEP = 2
+
+
+def dying_batch(step: int, rank: int, workers: int) -> Any:
+    """Like the demo's batches, except worker 1 exits abruptly (as if killed) at step 2."""
+    if rank == DYING_WORKER and step == DIE_AT_STEP:
+        os._exit(17)
+    return synthetic_batch(step, rank, workers)

@@ -1,0 +1,115 @@
+import itertools
+
+import pytest
+import torch
+
+from carina.errors import CapacityError, ConfigError
+from carina.offload.disagg import DisaggConfig, launch
+from carina.offload.disagg.control import WorkerDied
+from carina.offload.disagg.demo import lm_loss, synthetic_batch, tiny_llama
+from carina.offload.disagg.layout import SharedLayout, assign_shards
+from carina.offload.disagg.server import make_optimizer
+from carina.testing.disagg import DIE_AT_STEP, DYING_WORKER, dying_batch
+
+STEPS = 3
+
+
+def reference(workers: int, steps: int, cfg: DisaggConfig):
+    """Single process, the concatenated batch as `workers` micro-batches accumulated in order."""
+    torch.manual_seed(0)
+    model = tiny_llama()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, cfg)
+    losses = []
+    for k in range(steps):
+        total = 0.0
+        for r in range(workers):
+            loss = lm_loss(model, synthetic_batch(k, r, workers)) / workers
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("workers", "shards"), [(1, 1), (2, 2), (4, 3)])
+def test_bitwise_equal_to_single_process(workers, shards):
+    cfg = DisaggConfig(workers=workers, ps_shards=shards, device="cpu", lr=1e-2, weight_decay=0.1)
+    result = launch(cfg, steps=STEPS)
+    ref_losses, ref_params = reference(workers, STEPS, cfg)
+    assert result.steps_done == STEPS
+    assert result.losses == ref_losses
+    for name, value in ref_params.items():
+        assert torch.equal(result.masters[name], value), name
+
+
+@pytest.mark.slow
+def test_dead_worker_is_named_and_state_stays_at_last_full_step():
+    cfg = DisaggConfig(workers=2, ps_shards=2, device="cpu", lr=1e-2, step_timeout_s=60)
+    with pytest.raises(WorkerDied) as info:
+        launch(cfg, steps=4, batch_fn=dying_batch)
+    assert info.value.context["worker"] == DYING_WORKER
+    assert info.value.context["step"] == DIE_AT_STEP
+    assert f"worker {DYING_WORKER} died" in str(info.value)
+
+
+def test_shard_assignment_balances_and_is_deterministic():
+    sizes = [100, 1, 50, 50, 3, 97]
+    owners = assign_shards(sizes, 2)
+    load = [sum(s for s, o in zip(sizes, owners, strict=True) if o == k) for k in range(2)]
+    assert sorted(load) == [150, 151]
+    assert owners == assign_shards(sizes, 2)
+
+
+def test_layout_is_disjoint_and_refuses_what_cannot_fit(tmp_path):
+    layout = SharedLayout.plan([("a", (3, 5)), ("b", (7,))], workers=3, shards=2, publish_itemsize=2)
+    spans = []
+    for s in layout.slots:
+        spans.append((s.master, s.master + 4 * s.numel))
+        spans.append((s.published, s.published + 2 * s.numel))
+        spans.extend((g, g + 4 * s.numel) for g in s.grads)
+    spans.sort()
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
+    assert spans[-1][1] <= layout.nbytes
+    huge = SharedLayout.plan([("w", (1 << 40,))], workers=1, shards=1, publish_itemsize=4)
+    with pytest.raises(CapacityError):
+        huge.check_fits(tmp_path)
+    with pytest.raises(ConfigError):
+        SharedLayout.plan([], workers=1, shards=1, publish_itemsize=4)
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError):
+        DisaggConfig(workers=0)
+    with pytest.raises(ConfigError):
+        DisaggConfig(hosts=2, host_rank=2)
+    assert DisaggConfig.from_toml(DisaggConfig(workers=4).to_toml()).workers == 4
+
+
+def _host(rank, out):
+    cfg = DisaggConfig(
+        workers=2, ps_shards=2, device="cpu", lr=1e-2, hosts=2, host_rank=rank, master_port=29771, step_timeout_s=120
+    )
+    result = launch(cfg, steps=STEPS)
+    torch.save({"losses": result.losses, "masters": result.masters}, out)
+
+
+@pytest.mark.slow
+def test_two_hosts_exchange_through_gloo_and_agree(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # each "host" is its own process, as on real machines
+    hosts = [ctx.Process(target=_host, args=(r, str(tmp_path / f"host{r}.pt"))) for r in (0, 1)]
+    for h in hosts:
+        h.start()
+    for h in hosts:
+        h.join(600)
+    assert [h.exitcode for h in hosts] == [0, 0]
+    results = [torch.load(tmp_path / f"host{r}.pt") for r in (0, 1)]
+    ref_losses, ref_params = reference(4, STEPS, DisaggConfig(lr=1e-2))
+    for name, value in ref_params.items():
+        assert torch.equal(results[0]["masters"][name], results[1]["masters"][name]), name
+        torch.testing.assert_close(results[0]["masters"][name], value, rtol=1e-5, atol=1e-6)
+    assert results[0]["losses"][0] + results[1]["losses"][0] == pytest.approx(ref_losses[0], rel=1e-6)
