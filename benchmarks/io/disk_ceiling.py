@@ -1,0 +1,109 @@
+"""The disk's sequential read and write rates, measured in the benchmark's own run.
+
+The out-of-core benchmarks (``bench_gemm.py``, ``bench_sort.py``) compare
+their time with the time the disk needs for their bytes. This module measures
+that disk rate on the benchmark's own files: with fio (``O_DIRECT``, 4 MiB
+blocks, queue depth 16) when it is installed, otherwise with a large
+sequential ``O_DIRECT`` read or write from 8 threads of 4 MiB ``preadv`` /
+``pwritev`` calls (no carina code on either path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from carina.io import aligned_buffer
+
+__all__ = ["find_fio", "read_ceiling", "write_ceiling"]
+
+BLOCK = 4 << 20
+
+
+def find_fio(given: str | None) -> str | None:
+    """The fio binary to use: ``given`` when set, else the one on ``PATH`` (or None)."""
+    return given or shutil.which("fio")
+
+
+def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> float:
+    last: subprocess.CalledProcessError | None = None
+    for engine in ("io_uring", "libaio", "psync"):
+        cmd = [
+            fio,
+            "--name=ceiling",
+            f"--filename={path}",
+            f"--size={size}",
+            "--direct=1",
+            f"--rw={rw}",
+            f"--bs={BLOCK}",
+            f"--ioengine={engine}",
+            "--iodepth=16",
+            "--time_based",
+            f"--runtime={max(1, round(seconds))}",
+            "--output-format=json",
+        ]
+        if rw == "read":
+            cmd.append("--readonly")
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        except subprocess.CalledProcessError as exc:
+            last = exc
+            continue
+        job = json.loads(out[out.index("{") :])["jobs"][0]
+        return float(job["read" if rw == "read" else "write"]["bw_bytes"])
+    assert last is not None
+    raise last
+
+
+def _threaded(path: Path, size: int, write: bool, seconds: float) -> float:
+    blocks = max(1, size // BLOCK)
+    flags = (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | os.O_DIRECT
+    fd = os.open(path, flags, 0o644)
+    bufs = [aligned_buffer(BLOCK) for _ in range(8)]
+    for b in bufs:
+        b[:] = np.arange(BLOCK, dtype=np.uint8)
+    call = os.pwritev if write else os.preadv
+
+    def one(job: tuple[int, int]) -> int:
+        return call(fd, [bufs[job[0] % 8]], (job[1] % blocks) * BLOCK)
+
+    done, t0, turn = 0, time.perf_counter(), 0
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            while time.perf_counter() - t0 < seconds:
+                jobs = [(i, turn * 8 + i) for i in range(8)]
+                done += sum(pool.map(one, jobs))
+                turn += 1
+            if write:
+                os.fsync(fd)
+    finally:
+        os.close(fd)
+    return done / (time.perf_counter() - t0)
+
+
+def read_ceiling(path: Path, size: int, fio: str | None, seconds: float = 2.0) -> tuple[float, str]:
+    """Sequential ``O_DIRECT`` read rate of ``path``'s first ``size`` bytes (bytes/s, how measured)."""
+    if fio:
+        return _fio(fio, path, size, "read", seconds), "fio seq read O_DIRECT 4 MiB QD16, same file, same run"
+    rate = _threaded(path, size, False, seconds)
+    return rate, "8-thread 4 MiB O_DIRECT preadv sequential read, same file, same run"
+
+
+def write_ceiling(directory: Path, size: int, fio: str | None, seconds: float = 2.0) -> tuple[float, str]:
+    """Sequential ``O_DIRECT`` write rate to a scratch file of ``size`` bytes in ``directory``."""
+    path = directory / "ceiling-write.bin"
+    try:
+        if fio:
+            rate = _fio(fio, path, size, "write", seconds)
+            return rate, "fio seq write O_DIRECT 4 MiB QD16, same folder, same run"
+        rate = _threaded(path, size, True, seconds)
+        return rate, "8-thread 4 MiB O_DIRECT pwritev sequential write + fsync, same folder, same run"
+    finally:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,250 @@
+"""The Checkpointer: save at a step boundary, persist in the background, restore verified.
+
+    ckpt = Checkpointer(CheckpointConfig(dir="ckpts", keep_last=2, writer="fork"))
+    handle = ckpt.save(step, {"model": model, "optim": opt, "sched": sched, "data": {"pos": 17}})
+    ...                                  # training goes on while the writer persists
+    ckpt.wait()                          # durable and committed (errors surface here)
+    step = ckpt.restore({"model": model, "optim": opt, "sched": sched, "data": extras})
+
+Values with ``state_dict()``/``load_state_dict()`` are saved and restored
+through them; other values (dicts, numbers, tensors) are saved as they are and
+restored by replacing the dict entry. RNG states are always included and
+restored last.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from carina.ckpt.commit import CommitJob
+from carina.ckpt.config import CheckpointConfig
+from carina.ckpt.rng import capture_rng, restore_rng
+from carina.ckpt.staging import Stager, host_arena
+from carina.ckpt.storage import CheckpointInfo, list_checkpoints, select
+from carina.ckpt.tree import flatten, unflatten
+from carina.ckpt.writers import WriterKind, make_writer
+from carina.core.errors import CheckpointError
+
+__all__ = ["Checkpointer", "SaveHandle"]
+
+_RNG_KEY = "__rng__"
+
+
+@dataclass
+class SaveHandle:
+    """A save in flight: ``blocked_s`` is what the trainer waited for."""
+
+    step: int
+    blocked_s: float
+    nbytes: int
+    _owner: Checkpointer
+
+    def wait(self) -> None:
+        """Block until every queued save (this one included) is committed."""
+        self._owner.wait()
+
+
+class Checkpointer:
+    """Saves training state asynchronously and restores the newest verified checkpoint.
+
+    Args:
+        config: Where and how to write.
+    """
+
+    def __init__(self, config: CheckpointConfig) -> None:
+        self.config = config
+        os.makedirs(config.dir, exist_ok=True)
+        self.rank, self.world_size = _dist_rank()
+        factory = host_arena
+        if config.writer is WriterKind.PROCESS:
+            from carina.ckpt.shm import shm_arena
+
+            factory = shm_arena
+        self._stager = Stager(factory)
+        if config.arena_bytes:
+            self._stager.preallocate(config.arena_bytes)
+        self._writer = make_writer(config.writer)
+        self._next_arena = 0
+        self._hooked: set[int] = set()
+
+    # -- save ------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
+        """Snapshot ``state`` at a step boundary and hand it to the writer.
+
+        Blocks only to copy small state, wait for a free arena and start the
+        tensor copies; an earlier failed write is raised here.
+
+        Raises:
+            CheckpointError: An earlier background write failed, or state cannot be saved.
+        """
+        t0 = time.perf_counter()
+        self._writer.check()
+        arena = self._free_arena()
+        captured = {k: _state_of(v) for k, v in state.items()}
+        captured[_RNG_KEY] = capture_rng()
+        tree, tensors = flatten(captured)
+        snap = self._stager.stage(tensors, arena, _guarded(state))
+        self._hook_optimizers(state)
+        token = _shared_token()
+        job = CommitJob(
+            root=os.path.abspath(self.config.dir),
+            step=int(step),
+            token=token,
+            rank=self.rank,
+            world_size=self.world_size,
+            header=snap.layout.header,
+            slots=snap.layout.slots,
+            objects=tree,
+            keep_last=self.config.keep_last,
+            commit_timeout_s=self.config.commit_timeout_s,
+        )
+        self._writer.submit(job, snap, self._stager.handle(arena))
+        self._next_arena = (arena + 1) % self._stager.arenas
+        return SaveHandle(int(step), time.perf_counter() - t0, snap.layout.size, self)
+
+    def maybe_save(self, step: int, state: dict[str, Any]) -> SaveHandle | None:
+        """:meth:`save` when ``every_steps`` divides ``step``."""
+        every = self.config.every_steps
+        return self.save(step, state) if every and step % every == 0 else None
+
+    def _free_arena(self) -> int:
+        arena = self._next_arena
+        while arena in self._writer.busy():
+            time.sleep(0.001)  # a slow writer: the next snapshot may not overwrite its arena
+        return arena
+
+    def _hook_optimizers(self, state: dict[str, Any]) -> None:
+        import torch
+
+        for value in state.values():
+            if isinstance(value, torch.optim.Optimizer) and id(value) not in self._hooked:
+                value.register_step_pre_hook(lambda *_: self._before_step())
+                self._hooked.add(id(value))
+
+    def _before_step(self) -> None:
+        """Optimizer pre-step: parameters may change only after staging has copied them."""
+        self._stager.wait()
+        self._writer.busy()  # lets a fork/process writer start on the now complete arena
+
+    def in_flight(self) -> bool:
+        """Whether a save is still being staged or written (never blocks; starts ready writers)."""
+        return bool(self._writer.busy())
+
+    def wait(self) -> None:
+        """Block until every save is committed.
+
+        Raises:
+            CheckpointError: A background write failed.
+        """
+        self._writer.wait()
+
+    def close(self) -> None:
+        """Finish pending saves, stop the writer and release the arenas."""
+        try:
+            self._writer.close()
+        finally:
+            self._stager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- restore ---------------------------------------------------------------
+    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int:
+        """Load the newest verified checkpoint (or ``step``) into ``state``; return its step.
+
+        Every checksum is checked before anything is loaded; a corrupt newest
+        checkpoint is skipped with a warning (unless ``step`` names it).
+
+        Raises:
+            CheckpointError: Nothing to restore, or the state does not match.
+            CorruptCheckpoint: ``step`` was named and fails verification.
+        """
+        loaded = select(self.config.dir, rank=self.rank, step=step)
+        if loaded.manifest.world_size != self.world_size:
+            raise CheckpointError(
+                f"checkpoint was saved by {loaded.manifest.world_size} ranks, restoring with {self.world_size}"
+                " (resharding is not supported)",
+                key="world_size",
+            )
+        objects = loaded.manifest.objects.get(str(loaded.rank))
+        saved = unflatten(objects, loaded.tensors)
+        missing = [k for k in state if k not in saved]
+        if missing:
+            raise CheckpointError(f"checkpoint lacks state {missing[0]!r}", key=missing[0])
+        for key, value in state.items():
+            if hasattr(value, "load_state_dict"):
+                value.load_state_dict(saved[key])
+            else:
+                state[key] = _detach_copies(saved[key])
+        restore_rng(saved[_RNG_KEY])
+        return loaded.manifest.step
+
+    def list(self) -> list[CheckpointInfo]:
+        """Committed checkpoints, oldest first."""
+        return list_checkpoints(self.config.dir)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory held by the staging arenas."""
+        return self._stager.host_bytes()
+
+
+def _guarded(state: dict[str, Any]) -> frozenset[int]:
+    """Addresses of CUDA tensors only an optimizer step writes: parameters and optimizer state."""
+    import torch
+
+    ptrs: set[int] = set()
+    for value in state.values():
+        if isinstance(value, torch.nn.Module):
+            ptrs.update(p.data_ptr() for p in value.parameters() if p.is_cuda)
+        elif isinstance(value, torch.optim.Optimizer):
+            for per_param in value.state.values():
+                ptrs.update(t.data_ptr() for t in per_param.values() if torch.is_tensor(t) and t.is_cuda)
+    return frozenset(ptrs)
+
+
+def _state_of(value: Any) -> Any:
+    return value.state_dict() if hasattr(value, "state_dict") and callable(value.state_dict) else value
+
+
+def _detach_copies(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _detach_copies(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_detach_copies(v) for v in value]
+    return value
+
+
+def _dist_rank() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0, 1
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _shared_token() -> str:
+    """A fresh attempt id, the same on every rank (one broadcast when distributed)."""
+    token = secrets.token_hex(6)
+    rank, world = _dist_rank()
+    if world > 1:
+        import torch.distributed as dist
+
+        box = [token if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        token = str(box[0])
+    return token

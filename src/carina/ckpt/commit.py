@@ -1,0 +1,298 @@
+"""Persist one staged shard and commit the checkpoint atomically.
+
+This is the code a writer runs, in a thread, a spawned process or a forked
+child. It uses only ``os``, ``zlib`` and ``json`` on a memoryview built before
+the writer started (no torch, no CUDA, no locks a fork could have copied held).
+
+Protocol, per checkpoint ``step_N``::
+
+    every rank:  step_N.<token>.tmp/rankR.safetensors  write, fsync
+                 step_N.<token>.tmp/partR.json         write, fsync, fsync dir
+    rank 0:      wait for every part -> manifest.json  write, fsync, fsync dir
+                 rename tmp -> step_N, fsync parent
+                 latest.tmp -> latest (rename), fsync parent
+                 prune beyond keep_last (only now: the new one is durable)
+
+A directory named ``step_N`` (no suffix) that holds a manifest is committed; all
+else is debris that restore ignores and the next commit deletes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from carina.ckpt.layout import Slot
+from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, TensorEntry, parse_shard
+from carina.core.errors import CheckpointError, DeviceFull
+
+__all__ = [
+    "CHUNK",
+    "PHASES",
+    "LATEST",
+    "CommitJob",
+    "committed_steps",
+    "engine_writer",
+    "fault_hook",
+    "fsync_dir",
+    "pwrite_file",
+    "prune",
+    "run_job",
+    "step_dir_name",
+]
+
+LATEST = "latest"
+CHUNK = 64 << 20
+#: The points of the pipeline where :data:`fault_hook` is called, in order.
+PHASES = ("begin", "data_chunk", "checksums", "data", "part", "manifest", "rename", "fsync_parent", "latest", "done")
+_STEP_RE = re.compile(r"^step_(\d{10})$")
+_TMP_RE = re.compile(r"^step_(\d{10})\.[0-9a-f]+\.(tmp|old)$")
+
+#: Test-only: called with (phase, step) at each phase; ``carina.testing.ckpt`` injects crashes with it.
+fault_hook: Callable[[str, int], None] | None = None
+_current_step = -1
+
+
+@dataclass(frozen=True)
+class CommitJob:
+    """Everything a writer needs to persist one rank's shard (picklable, no torch)."""
+
+    root: str
+    step: int
+    token: str
+    rank: int
+    world_size: int
+    header: bytes
+    slots: tuple[Slot, ...]
+    objects: Any
+    keep_last: int
+    commit_timeout_s: float
+
+    @property
+    def size(self) -> int:
+        """Bytes of the shard file."""
+        return len(self.header) + sum(s.nbytes for s in self.slots)
+
+    @property
+    def tmp_dir(self) -> str:
+        """The directory this attempt writes into."""
+        return os.path.join(self.root, f"{step_dir_name(self.step)}.{self.token}.tmp")
+
+
+def step_dir_name(step: int) -> str:
+    """``step_0000000042``: sortable, one directory per checkpoint."""
+    return f"step_{step:010d}"
+
+
+def _phase(name: str) -> None:
+    if fault_hook is not None:
+        fault_hook(name, _current_step)
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: Starts writing ``data`` to a new file; returns a function that waits until it is durable.
+Writer = Callable[[str, memoryview], Callable[[], None]]
+
+
+def _done() -> None:
+    return None
+
+
+def pwrite_file(path: str, data: memoryview) -> Callable[[], None]:
+    """The forked child's :data:`Writer`: :func:`write_file`, done when it returns."""
+    write_file(path, data)
+    return _done
+
+
+def write_file(path: str, data: memoryview) -> None:
+    """Write ``data`` to a new file with plain ``pwrite`` and fsync it (safe in a forked child)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done : done + CHUNK], done)
+            _phase("data_chunk")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def engine_writer(engine: Any) -> Writer:
+    """A :data:`Writer` that moves the bytes through a :class:`carina.io.IOEngine` (O_DIRECT when it can).
+
+    Used by the thread, process and sync writers; the forked child keeps to plain
+    ``pwrite`` because it must not start threads. The writes are in flight when it
+    returns, so checksums are computed while the disk works; the returned function
+    waits for them and fsyncs.
+    """
+
+    def write(path: str, data: memoryview) -> Callable[[], None]:
+        handle = engine.open(path, "w", size=len(data))
+        futures = [engine.write(handle, off, data[off : off + CHUNK]) for off in range(0, len(data), CHUNK)]
+
+        def finish() -> None:
+            try:
+                for fut in futures:
+                    fut.result()
+                _phase("data_chunk")
+                engine.fsync(handle)
+            finally:
+                engine.close_file(handle)
+
+        return finish
+
+    return write
+
+
+def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> None:
+    """Persist ``image`` (header + tensor bytes) for ``job`` and, on rank 0, commit.
+
+    Raises:
+        DeviceFull: The disk filled up; the attempt's files are removed.
+        CheckpointError: Any other failure, including other ranks not finishing in time.
+    """
+    global _current_step
+    _current_step = job.step
+    try:
+        _phase("begin")
+        os.makedirs(job.tmp_dir, exist_ok=True)
+        shard = _write_shard(job, image, write)
+        _write_json(os.path.join(job.tmp_dir, f"part{job.rank}.json"), {"shard": asdict(shard), "objects": job.objects})
+        fsync_dir(job.tmp_dir)
+        _phase("part")
+        if job.rank == 0:
+            _commit(job)
+    except OSError as exc:
+        shutil.rmtree(job.tmp_dir, ignore_errors=True)
+        if exc.errno == errno.ENOSPC:
+            raise DeviceFull("disk full while writing checkpoint", path=job.tmp_dir) from exc
+        raise CheckpointError(f"checkpoint write failed: {exc}", path=job.tmp_dir) from exc
+
+
+def _write_shard(job: CommitJob, image: memoryview, write: Writer) -> ShardEntry:
+    start = len(job.header)
+    if len(image) < job.size or bytes(image[:start]) != job.header:
+        raise CheckpointError("staged image does not match its layout", path=job.tmp_dir)
+    file = f"rank{job.rank:05d}.safetensors"
+    finish = write(os.path.join(job.tmp_dir, file), image[: job.size])
+    tensors = tuple(
+        TensorEntry(s.name, s.dtype, s.shape, s.offset, s.nbytes, _crc(image, start + s.offset, s.nbytes))
+        for s in job.slots
+    )
+    _phase("checksums")
+    finish()
+    _phase("data")
+    return ShardEntry(job.rank, file, job.size, start, zlib.crc32(job.header), tensors)
+
+
+def _crc(image: memoryview, offset: int, nbytes: int) -> int:
+    crc = 0
+    for off in range(offset, offset + nbytes, CHUNK):
+        crc = zlib.crc32(image[off : min(off + CHUNK, offset + nbytes)], crc)
+    return crc
+
+
+def _write_json(path: str, data: Any) -> None:
+    text = json.dumps(data, sort_keys=True, allow_nan=False).encode()
+    write_file(path, memoryview(text))
+
+
+def _commit(job: CommitJob) -> None:
+    parts = _gather_parts(job)
+    manifest = Manifest(
+        step=job.step,
+        world_size=job.world_size,
+        shards=tuple(p[0] for p in parts),
+        objects={str(r): p[1] for r, p in enumerate(parts)},
+    )
+    write_file(os.path.join(job.tmp_dir, MANIFEST_NAME), memoryview(manifest.to_json().encode()))
+    fsync_dir(job.tmp_dir)
+    _phase("manifest")
+    final = os.path.join(job.root, step_dir_name(job.step))
+    old = None
+    if os.path.exists(final):  # the same step saved again (e.g. after a restore)
+        old = f"{final}.{job.token}.old"
+        os.rename(final, old)
+    os.rename(job.tmp_dir, final)
+    _phase("rename")
+    fsync_dir(job.root)
+    _phase("fsync_parent")
+    _point_latest(job.root, step_dir_name(job.step))
+    _phase("latest")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    _prune(job.root, job.step, job.keep_last)
+    _phase("done")
+
+
+def _gather_parts(job: CommitJob) -> list[tuple[ShardEntry, Any]]:
+    deadline = time.monotonic() + job.commit_timeout_s
+    paths = [os.path.join(job.tmp_dir, f"part{r}.json") for r in range(job.world_size)]
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            missing = [r for r, p in enumerate(paths) if not os.path.exists(p)]
+            raise CheckpointError(f"ranks {missing} did not finish their shards in time", path=job.tmp_dir)
+        time.sleep(0.005)
+    parts = []
+    for p in paths:
+        with open(p, "rb") as fh:
+            raw = json.loads(fh.read())
+        parts.append((parse_shard(raw["shard"], path=p), raw["objects"]))
+    return parts
+
+
+def _point_latest(root: str, name: str) -> None:
+    tmp = os.path.join(root, f"{LATEST}.tmp")
+    write_file(tmp, memoryview(name.encode()))
+    os.rename(tmp, os.path.join(root, LATEST))
+    fsync_dir(root)
+
+
+def committed_steps(root: str) -> list[int]:
+    """Steps with a committed directory (a ``step_N`` holding a manifest), ascending."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    steps = []
+    for name in names:
+        m = _STEP_RE.match(name)
+        if m and os.path.isfile(os.path.join(root, name, MANIFEST_NAME)):
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def prune(root: str, keep_last: int) -> list[str]:
+    """Delete committed checkpoints beyond the newest ``keep_last`` and older debris; return what went."""
+    before = set(os.listdir(root))
+    steps = committed_steps(root)
+    if steps:
+        _prune(root, steps[-1], keep_last)
+    return sorted(before - set(os.listdir(root)))
+
+
+def _prune(root: str, newest: int, keep_last: int) -> None:
+    if keep_last > 0:
+        for step in committed_steps(root)[:-keep_last]:
+            if step != newest:
+                shutil.rmtree(os.path.join(root, step_dir_name(step)), ignore_errors=True)
+    for name in os.listdir(root):
+        m = _TMP_RE.match(name)
+        if m and int(m.group(1)) <= newest:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)

@@ -1,0 +1,44 @@
+"""The checkpointer's typed config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from carina.ckpt.writers import WriterKind
+from carina.core.config import Config, require
+
+__all__ = ["CheckpointConfig"]
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig(Config):
+    """How and where checkpoints are written.
+
+    Attributes:
+        dir: Directory holding one ``step_N`` directory per checkpoint and ``latest``.
+        keep_last: Committed checkpoints kept (older ones are deleted only after a
+            newer one is durable); 0 keeps all.
+        writer: ``thread`` (default: lowest stall of the writers in the CPU record ckpt_stall_cpu),
+            ``fork`` (CRUM-style child), ``process`` (persistent spawned writer) or ``sync``.
+        every_steps: :meth:`Checkpointer.maybe_save` saves when ``step % every_steps == 0``
+            (0: only explicit saves).
+        commit_timeout_s: How long rank 0 waits for the other ranks' shards.
+        arena_bytes: Allocate (and pin) both staging arenas of this size up front, so
+            the first saves do not pay for it; 0 sizes them at the first save. They
+            grow when the state outgrows them.
+    """
+
+    dir: str
+    keep_last: int = 2
+    writer: WriterKind = WriterKind.THREAD
+    every_steps: int = 0
+    commit_timeout_s: float = 600.0
+    arena_bytes: int = 0
+
+    def validate(self) -> None:
+        """Check ranges."""
+        require(bool(self.dir), "dir must name a directory", key="dir")
+        require(self.keep_last >= 0, "keep_last must be >= 0", key="keep_last")
+        require(self.every_steps >= 0, "every_steps must be >= 0", key="every_steps")
+        require(self.arena_bytes >= 0, "arena_bytes must be >= 0", key="arena_bytes")
+        require(self.commit_timeout_s > 0, "commit_timeout_s must be positive", key="commit_timeout_s")

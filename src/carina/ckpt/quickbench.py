@@ -1,0 +1,69 @@
+"""``carina ckpt bench``: a quick look at save stall per writer on this machine.
+
+It saves a synthetic state of a given size with every writer and with
+``torch.save`` (+fsync), timing how long ``save()`` blocks and how long until
+the checkpoint is durable. No training runs, so interference is not measured:
+``benchmarks/ckpt/bench_stall.py`` is the benchmark of record.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+__all__ = ["quick_bench"]
+
+
+def _torch_save(root: str, state: dict[str, Any], step: int) -> float:
+    import torch
+
+    t0 = time.perf_counter()
+    tmp = os.path.join(root, f"{step}.pt.tmp")
+    with open(tmp, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, os.path.join(root, f"{step}.pt"))
+    return time.perf_counter() - t0
+
+
+def quick_bench(size_mb: int, reps: int, writers: list[str], directory: str | None = None) -> list[dict[str, Any]]:
+    """Median blocking and time-to-durable (seconds) per writer, plus ``torch.save``."""
+    import torch
+
+    from carina.ckpt.checkpointer import Checkpointer
+    from carina.ckpt.config import CheckpointConfig
+    from carina.ckpt.writers import WriterKind
+
+    state = {"blob": torch.randn(size_mb << 18)}  # 4-byte floats: size_mb MiB
+    root = tempfile.mkdtemp(prefix="carina-ckpt-quick-", dir=directory)
+    rows = []
+    try:
+        for name in writers:
+            sub = os.path.join(root, name)
+            blocked, durable = [], []
+            with Checkpointer(CheckpointConfig(dir=sub, writer=WriterKind(name), keep_last=1)) as ckpt:
+                for step in range(reps + 1):  # the first save allocates arenas: left out
+                    t0 = time.perf_counter()
+                    ckpt.save(step, state)
+                    t1 = time.perf_counter()
+                    ckpt.wait()
+                    if step:
+                        blocked.append(t1 - t0)
+                        durable.append(time.perf_counter() - t0)
+            rows.append({"method": f"carina-{name}", "blocking_s": statistics.median(blocked),
+                         "durable_s": statistics.median(durable)})  # fmt: skip
+        os.makedirs(os.path.join(root, "torch"))
+        times = [_torch_save(os.path.join(root, "torch"), state, i) for i in range(reps)]
+        rows.append(
+            {"method": "torch.save", "blocking_s": statistics.median(times), "durable_s": statistics.median(times)}
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for r in rows:
+        r["size_mb"] = size_mb
+    return rows

@@ -1,0 +1,170 @@
+"""Snapshot tensors into preallocated host arenas without stalling the GPU.
+
+Each checkpoint is staged into one of two arenas (A/B), laid out byte for byte
+like the shard file (:mod:`carina.ckpt.layout`). On CUDA the device-to-host
+copies run on a side stream that first waits for the compute stream, and an
+event marks their end: training goes on at once, and only an optimizer step
+(which would overwrite parameters not yet copied) waits for that event. On CPU
+the copy is a plain ``copy_``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from carina.ckpt.layout import Layout, dtype_name, plan_layout, torch_dtype
+
+__all__ = ["ArenaFactory", "Snapshot", "Stager", "host_arena"]
+
+#: Makes a flat uint8 host tensor of at least n bytes; returns (tensor, keep-alive handle).
+ArenaFactory = Callable[[int], tuple[Any, Any]]
+
+
+def host_arena(nbytes: int) -> tuple[Any, Any]:
+    """A :class:`carina.memory.HostArena` (pinned when CUDA is present) as one flat view."""
+    from carina.memory import HostArena
+
+    arena = HostArena(nbytes, pin="auto")
+    return arena.alloc(nbytes, align=4096), arena
+
+
+@dataclass
+class Snapshot:
+    """One staged shard: which arena, its layout, and the copy's completion event."""
+
+    arena: int
+    layout: Layout
+    image: Any  # uint8 tensor, len == layout.size
+    event: Any = None  # torch.cuda.Event or None
+
+    def wait(self) -> None:
+        """Block until every byte is in host memory."""
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
+
+    def ready(self) -> bool:
+        """Whether every byte is in host memory (never blocks)."""
+        return self.event is None or bool(self.event.query())
+
+    def view(self) -> memoryview:
+        """The staged bytes as a memoryview (valid while the arena lives)."""
+        return memoryview(self.image.numpy())
+
+
+class Stager:
+    """Copies named tensors into A/B host arenas.
+
+    Args:
+        factory: Allocates an arena (grown when the state grows).
+        arenas: How many arenas to rotate (2: A/B).
+    """
+
+    def __init__(self, factory: ArenaFactory = host_arena, arenas: int = 2) -> None:
+        self._factory = factory
+        self._bufs: list[tuple[Any, Any] | None] = [None] * arenas
+        self._layout: Layout | None = None
+        self._stream: Any = None
+        self.pending: Snapshot | None = None
+
+    @property
+    def arenas(self) -> int:
+        """Number of arenas rotated."""
+        return len(self._bufs)
+
+    def handle(self, arena: int) -> Any:
+        """The keep-alive handle of an arena (writers use it, e.g. a shared-memory name)."""
+        buf = self._bufs[arena]
+        return None if buf is None else buf[1]
+
+    def host_bytes(self) -> int:
+        """Bytes held by all arenas."""
+        return sum(int(b[0].numel()) for b in self._bufs if b is not None)
+
+    def preallocate(self, nbytes: int) -> None:
+        """Allocate every arena now (pinning is slow: better before training than in a save)."""
+        for i in range(len(self._bufs)):
+            self._image(i, nbytes)
+
+    def stage(self, tensors: Mapping[str, Any], arena: int, guarded: frozenset[int] = frozenset()) -> Snapshot:
+        """Start copying ``tensors`` into ``arena``; returns before CUDA copies finish.
+
+        Args:
+            tensors: Name to tensor.
+            arena: Which arena to fill.
+            guarded: ``data_ptr()`` of CUDA tensors that only an optimizer step changes
+                (parameters, optimizer state): they are copied on the side stream. Any
+                other CUDA tensor (buffers a forward pass updates, user tensors) is
+                copied on the compute stream, so later kernels cannot change it first.
+        """
+        import torch
+
+        layout = self._plan(tensors)
+        image = self._image(arena, layout.size)
+        image[: layout.data_start].copy_(torch.frombuffer(bytearray(layout.header), dtype=torch.uint8))
+        on_gpu = [t for t in tensors.values() if t.is_cuda]
+        compute = None
+        if on_gpu:
+            compute = torch.cuda.current_stream(on_gpu[0].device)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=on_gpu[0].device)
+            self._stream.wait_stream(compute)
+        for slot in layout.slots:
+            src = tensors[slot.name]
+            start = layout.data_start + slot.offset
+            dst = image[start : start + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
+            if src.is_cuda and src.data_ptr() in guarded:
+                with torch.cuda.stream(self._stream):
+                    dst.copy_(src, non_blocking=True)
+                src.record_stream(self._stream)
+            else:
+                dst.copy_(src, non_blocking=src.is_cuda)  # on the compute stream
+        event = None
+        if compute is not None:
+            self._stream.wait_stream(compute)  # the event also covers the compute-stream copies
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        self.pending = Snapshot(arena, layout, image, event)
+        return self.pending
+
+    def wait(self) -> None:
+        """Block until the latest snapshot is fully in host memory (called before optimizer steps)."""
+        if self.pending is not None:
+            self.pending.wait()
+
+    def close(self) -> None:
+        """Release the arenas (shared-memory ones are unlinked)."""
+        self.wait()
+        for i, buf in enumerate(self._bufs):
+            self._bufs[i] = None
+            if buf is not None and hasattr(buf[1], "close"):
+                buf[1].close()
+
+    def _plan(self, tensors: Mapping[str, Any]) -> Layout:
+        specs = [(name, dtype_name(t.dtype), tuple(t.shape)) for name, t in tensors.items()]
+        if self._layout is None or self._layout.signature() != tuple(sorted(specs, key=_sort_key)):
+            self._layout = plan_layout(specs)
+        return self._layout
+
+    def _image(self, arena: int, size: int) -> Any:
+        buf = self._bufs[arena]
+        if buf is None or buf[0].numel() < size:
+            self._bufs[arena] = None  # free the old one first
+            self._bufs[arena] = self._factory(_grow(size))
+            buf = self._bufs[arena]
+        assert buf is not None
+        return buf[0][:size]
+
+
+def _sort_key(spec: tuple[str, str, tuple[int, ...]]) -> tuple[int, str]:
+    from carina.ckpt.manifest import DTYPE_SIZES
+
+    return (-DTYPE_SIZES[spec[1]], spec[0])
+
+
+def _grow(size: int) -> int:
+    """Round arena sizes up (1/16 headroom, 4 KiB pages) so small growth does not reallocate."""
+    want = size + size // 16
+    return max(4096, -(-want // 4096) * 4096)

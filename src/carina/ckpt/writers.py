@@ -1,0 +1,364 @@
+"""Writers: who persists a staged snapshot while training goes on.
+
+=========  ==============================================================
+``fork``   CRUM-style: fork a child that writes the arena, fsyncs, commits
+           and ``_exit``\\ s. The child never touches torch or CUDA.
+``process`` a persistent spawned process reading a shared-memory arena;
+           only (job, arena name) crosses the pipe.
+``thread`` a background thread in the trainer process.
+``sync``   write before ``save()`` returns (the baseline).
+=========  ==============================================================
+
+Every writer runs :func:`carina.ckpt.commit.run_job`, one job at a time, in
+submission order, and keeps a failed job's error until :meth:`Writer.check`
+or :meth:`Writer.wait` raises it: a failed background write never goes unseen.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import queue
+import signal
+import threading
+import warnings
+from abc import ABC, abstractmethod
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from carina.ckpt.commit import CommitJob, engine_writer, run_job
+from carina.core.errors import CarinaError, CheckpointError
+
+if TYPE_CHECKING:
+    from carina.ckpt.staging import Snapshot
+
+__all__ = ["ForkWriter", "ProcessWriter", "SyncWriter", "ThreadWriter", "Writer", "WriterKind", "make_writer"]
+
+
+class WriterKind(enum.Enum):
+    """Which writer persists snapshots."""
+
+    FORK = "fork"
+    PROCESS = "process"
+    THREAD = "thread"
+    SYNC = "sync"
+
+
+class Writer(ABC):
+    """Persists staged snapshots in order; remembers failures until checked."""
+
+    kind: WriterKind
+
+    def __init__(self) -> None:
+        self._errors: list[BaseException] = []
+
+    def submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        """Queue ``job`` for the staged ``snap``; its arena must stay unchanged until done.
+
+        A writer outside the trainer's CUDA context starts only once ``snap.ready()``.
+        """
+        self.check()
+        self._submit(job, snap, handle)
+
+    def busy(self) -> set[int]:
+        """Arenas still being written (finished jobs are reaped first)."""
+        return self._busy()
+
+    def check(self) -> None:
+        """Raise the first error of a finished job (once).
+
+        Raises:
+            CheckpointError: A background write failed (``DeviceFull`` when the disk filled).
+        """
+        self._busy()
+        if self._errors:
+            exc = self._errors.pop(0)
+            self._errors.clear()
+            if isinstance(exc, CarinaError):  # CheckpointError, DeviceFull, ...
+                raise exc
+            raise CheckpointError(f"background checkpoint write failed: {exc!r}") from exc
+
+    def wait(self) -> None:
+        """Block until every queued job is done, then :meth:`check`."""
+        self._wait()
+        self.check()
+
+    def close(self) -> None:
+        """Finish queued jobs and release resources (errors are raised)."""
+        try:
+            self.wait()
+        finally:
+            self._close()
+
+    @abstractmethod
+    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None: ...
+
+    @abstractmethod
+    def _busy(self) -> set[int]: ...
+
+    @abstractmethod
+    def _wait(self) -> None: ...
+
+    def _close(self) -> None:
+        return None
+
+
+def _engine() -> Any:
+    from carina.io import Direct, IOConfig, IOEngine
+
+    return IOEngine(IOConfig(direct=Direct.AUTO))
+
+
+class SyncWriter(Writer):
+    """Writes inside ``save()``."""
+
+    kind = WriterKind.SYNC
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._engine = _engine()
+
+    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        snap.wait()
+        run_job(job, snap.view(), engine_writer(self._engine))
+
+    def _close(self) -> None:
+        self._engine.close()
+
+    def _busy(self) -> set[int]:
+        return set()
+
+    def _wait(self) -> None:
+        return None
+
+
+class ThreadWriter(Writer):
+    """One background thread working through a queue."""
+
+    kind = WriterKind.THREAD
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queue: queue.Queue[tuple[CommitJob, Snapshot] | None] = queue.Queue()
+        self._inflight: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._engine = _engine()
+        self._thread = threading.Thread(target=self._run, name="carina-ckpt-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            job, snap = item
+            arena = snap.arena
+            try:
+                snap.wait()
+                run_job(job, snap.view(), engine_writer(self._engine))
+            except BaseException as exc:  # noqa: BLE001 - kept and raised at the next check()
+                with self._lock:
+                    self._errors.append(exc)
+            finally:
+                with self._lock:
+                    self._inflight[arena] -= 1
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        with self._lock:
+            self._inflight[snap.arena] = self._inflight.get(snap.arena, 0) + 1
+        self._queue.put((job, snap))
+
+    def _busy(self) -> set[int]:
+        with self._lock:
+            return {a for a, n in self._inflight.items() if n}
+
+    def _wait(self) -> None:
+        self._queue.join()
+
+    def _close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._engine.close()
+
+
+class ForkWriter(Writer):
+    """Forks one child per snapshot; children run one at a time, in order."""
+
+    kind = WriterKind.FORK
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
+        self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
+
+    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        self._pending.append((job, snap))
+        self._pump()
+
+    def _pump(self, block: bool = False) -> None:
+        if self._child is not None or not self._pending:
+            return
+        job, snap = self._pending[0]
+        if block:
+            snap.wait()
+        elif not snap.ready():
+            return  # staging still copying: fork only once the arena is complete
+        self._pending.popleft()
+        image, arena = snap.view(), snap.arena
+        read_fd, write_fd = os.pipe()
+        with warnings.catch_warnings():  # the child follows the fork rules: no locks, no threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # child: write, commit, _exit; never return into the trainer
+            os.close(read_fd)
+            _child_main(job, image, write_fd)
+        os.close(write_fd)
+        self._child = (pid, read_fd, arena, job)
+
+    def _reap(self, block: bool) -> bool:
+        if self._child is None:
+            return False
+        pid, read_fd, _, job = self._child
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        if done == 0:
+            return False
+        message = os.read(read_fd, 1 << 16)
+        os.close(read_fd)
+        self._child = None
+        if os.WIFSIGNALED(status):
+            sig = signal.Signals(os.WTERMSIG(status)).name
+            self._errors.append(CheckpointError(f"writer child killed by {sig}", key=f"step {job.step}"))
+        elif os.WEXITSTATUS(status) != 0:
+            self._errors.append(_unpickle_error(message, job.step))
+        return True
+
+    def _busy(self) -> set[int]:
+        while self._reap(block=False):
+            self._pump()
+        busy = {snap.arena for _, snap in self._pending}
+        if self._child is not None:
+            busy.add(self._child[2])
+        return busy
+
+    def _wait(self) -> None:
+        self._pump(block=True)
+        while self._child is not None:
+            self._reap(block=True)
+            self._pump(block=True)
+
+
+def _child_main(job: CommitJob, image: memoryview, error_fd: int) -> None:
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        run_job(job, image)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
+        code = 1
+        try:
+            os.write(error_fd, pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - unpicklable error: send its text
+            os.write(error_fd, repr(exc).encode()[:4096])
+    finally:
+        os._exit(code)
+
+
+def _unpickle_error(message: bytes, step: int | None) -> BaseException:
+    try:
+        exc = pickle.loads(message)
+    except Exception:  # noqa: BLE001 - not a pickle: the child sent text
+        return CheckpointError(f"writer failed: {message.decode(errors='replace')}", key=f"step {step}")
+    return exc if isinstance(exc, BaseException) else CheckpointError(str(exc))
+
+
+class ProcessWriter(Writer):
+    """A persistent spawned process writing from shared-memory arenas (see :mod:`carina.ckpt.shm`)."""
+
+    kind = WriterKind.PROCESS
+
+    def __init__(self) -> None:
+        import multiprocessing as mp
+
+        super().__init__()
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=_process_main, args=(child_conn,), name="carina-ckpt-writer", daemon=True)
+        self._proc.start()
+        child_conn.close()
+        self._inflight: deque[int] = deque()
+        self._pending: deque[tuple[CommitJob, Snapshot, Any]] = deque()
+
+    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        if not self._proc.is_alive():
+            raise CheckpointError(f"writer process died (exit code {self._proc.exitcode})", key=f"step {job.step}")
+        self._pending.append((job, snap, handle))
+        self._pump()
+
+    def _pump(self, block: bool = False) -> None:
+        while self._pending:
+            job, snap, handle = self._pending[0]
+            if block:
+                snap.wait()
+            elif not snap.ready():
+                return
+            self._pending.popleft()
+            self._conn.send((job, handle.name, snap.arena))
+            self._inflight.append(snap.arena)
+
+    def _collect(self, block: bool) -> None:
+        while self._inflight and (block or self._conn.poll()):
+            try:
+                _arena, error = self._conn.recv()
+            except (EOFError, OSError):
+                self._errors.append(CheckpointError(f"writer process died (exit code {self._proc.exitcode})"))
+                self._inflight.clear()
+                return
+            self._inflight.popleft()
+            if error is not None:
+                self._errors.append(_unpickle_error(error, step=None))
+
+    def _busy(self) -> set[int]:
+        self._pump()
+        self._collect(block=False)
+        return set(self._inflight) | {snap.arena for _, snap, _ in self._pending}
+
+    def _wait(self) -> None:
+        self._pump(block=True)
+        self._collect(block=True)
+
+    def _close(self) -> None:
+        if self._proc.is_alive():
+            self._conn.send(None)
+            self._proc.join(timeout=30)
+        self._conn.close()
+
+
+def _process_main(conn: Any) -> None:
+    from carina.ckpt.shm import attach
+
+    attached: dict[str, Any] = {}
+    engine = _engine()
+    write = engine_writer(engine)
+    while (msg := conn.recv()) is not None:
+        job, name, arena = msg
+        error = None
+        try:
+            if name not in attached:
+                attached[name] = attach(name)
+            run_job(job, memoryview(attached[name].buf), write)
+        except BaseException as exc:  # noqa: BLE001 - sent back to the trainer
+            error = pickle.dumps(exc)
+        conn.send((arena, error))
+    engine.close()
+    for shm in attached.values():
+        shm.close()
+
+
+def make_writer(kind: WriterKind) -> Writer:
+    """A writer of ``kind``."""
+    classes: dict[WriterKind, type[Writer]] = {
+        WriterKind.FORK: ForkWriter,
+        WriterKind.PROCESS: ProcessWriter,
+        WriterKind.THREAD: ThreadWriter,
+        WriterKind.SYNC: SyncWriter,
+    }
+    return classes[kind]()

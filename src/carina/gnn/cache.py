@@ -1,0 +1,177 @@
+"""A static feature cache across GPU and host memory, filled by hotness.
+
+Nodes are ranked once, by in-graph popularity (how often a node is a neighbour:
+its out-degree) or by counting appearances in pre-sampled batches. The hottest
+``gpu_rows`` live in a device tensor, the next ``host_rows`` in host memory
+(pinned when CUDA is present); everything else comes from disk. One ``int32``
+slot map on the sampling device answers "where is node v" for a whole batch in
+one gather: ``>= 0`` a GPU slot, ``<= -2`` host slot ``-(s + 2)``, ``-1`` a miss.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from carina.core.config import Config, require
+from carina.core.errors import CapacityError
+from carina.gnn.graph import CSCGraph
+
+__all__ = [
+    "CacheConfig",
+    "CacheLookup",
+    "HotnessSource",
+    "StaticCache",
+    "degree_hotness",
+    "presample_hotness",
+]
+
+MISS = -1
+
+
+class HotnessSource(enum.Enum):
+    """How nodes are ranked for the cache."""
+
+    DEGREE = "degree"
+    PRESAMPLE = "presample"
+
+
+@dataclass(kw_only=True)
+class CacheConfig(Config):
+    """Cache sizes in rows and how hotness is measured.
+
+    Attributes:
+        gpu_rows: Rows kept on the compute device.
+        host_rows: Rows kept in host memory.
+        hotness: ``degree`` or ``presample``.
+        presample_batches: Batches sampled to measure hotness (``presample``).
+    """
+
+    gpu_rows: int = 0
+    host_rows: int = 0
+    hotness: HotnessSource = HotnessSource.PRESAMPLE
+    presample_batches: int = 8
+
+    def validate(self) -> None:
+        """Sizes are non-negative."""
+        require(self.gpu_rows >= 0, "gpu_rows must be >= 0", key="gpu_rows")
+        require(self.host_rows >= 0, "host_rows must be >= 0", key="host_rows")
+        require(self.presample_batches > 0, "presample_batches must be positive", key="presample_batches")
+
+
+def degree_hotness(graph: CSCGraph) -> torch.Tensor:
+    """How often each node is somebody's in-neighbour (its out-degree), as float."""
+    return torch.bincount(graph.indices.to(torch.int64), minlength=graph.num_nodes).to(torch.float32)
+
+
+def presample_hotness(batches: list[torch.Tensor], num_nodes: int) -> torch.Tensor:
+    """Appearances of each node in the ``n_id`` of pre-sampled batches."""
+    counts = torch.zeros(num_nodes, dtype=torch.float32)
+    for n_id in batches:
+        counts += torch.bincount(n_id.cpu(), minlength=num_nodes).to(torch.float32)
+    return counts
+
+
+@dataclass
+class CacheLookup:
+    """Where each row of a batch lives.
+
+    Attributes:
+        gpu_pos / gpu_slot: Batch positions served by the GPU slice, and their slots.
+        host_pos / host_slot: Same for the host slice.
+        miss_pos: Batch positions to read from disk.
+        miss_ids: Their node ids, on the CPU, sorted ascending (``miss_pos`` follows).
+    """
+
+    gpu_pos: torch.Tensor
+    gpu_slot: torch.Tensor
+    host_pos: torch.Tensor
+    host_slot: torch.Tensor
+    miss_pos: torch.Tensor
+    miss_ids: torch.Tensor
+
+
+class StaticCache:
+    """GPU slice + host slice of the hottest rows.
+
+    Args:
+        hotness: One score per node; higher is cached first (ties by node id).
+        config: Sizes.
+        dim: Feature width.
+        dtype: Feature dtype.
+        device: Where the GPU slice and the slot map live.
+        fetch: Reads rows by node id (CPU int64) into a CPU tensor; used to fill.
+        host_budget_bytes: Refuse (before allocating) a host slice above this.
+    """
+
+    def __init__(
+        self,
+        *,
+        hotness: torch.Tensor,
+        config: CacheConfig,
+        dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+        fetch: Callable[[torch.Tensor], torch.Tensor],
+        host_budget_bytes: int | None = None,
+    ) -> None:
+        n = hotness.numel()
+        self.device = torch.device(device)
+        self.config = config
+        gpu_rows = min(config.gpu_rows, n)
+        host_rows = min(config.host_rows, n - gpu_rows)
+        row_bytes = dim * dtype.itemsize
+        if host_budget_bytes is not None and host_rows * row_bytes > host_budget_bytes:
+            raise CapacityError(
+                f"host cache of {host_rows} rows needs {host_rows * row_bytes} bytes",
+                budget=host_budget_bytes,
+            )
+        order = torch.sort(hotness.cpu(), descending=True, stable=True).indices
+        gpu_ids = order[:gpu_rows].sort().values
+        host_ids = order[gpu_rows : gpu_rows + host_rows].sort().values
+        self.slot = torch.full((n,), MISS, dtype=torch.int32)
+        self.slot[gpu_ids] = torch.arange(gpu_rows, dtype=torch.int32)
+        self.slot[host_ids] = -2 - torch.arange(host_rows, dtype=torch.int32)
+        self.slot = self.slot.to(self.device)
+        self.gpu = _filled(gpu_ids, dim, dtype, fetch).to(self.device)
+        host = _filled(host_ids, dim, dtype, fetch)
+        self.host = host.pin_memory() if torch.cuda.is_available() and host.numel() else host
+        self.gpu_rows, self.host_rows = gpu_rows, host_rows
+
+    @property
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held per tier."""
+        return {
+            "gpu": self.gpu.numel() * self.gpu.element_size(),
+            "host": self.host.numel() * self.host.element_size(),
+        }
+
+    def lookup(self, n_id: torch.Tensor) -> CacheLookup:
+        """Split a batch's node ids (unique, on the cache device) by tier."""
+        s = self.slot[n_id.to(self.device)]
+        gpu_pos = torch.nonzero(s >= 0).flatten()
+        host_pos = torch.nonzero(s <= -2).flatten()
+        miss_pos = torch.nonzero(s == MISS).flatten()
+        miss_ids = n_id[miss_pos].cpu()
+        miss_ids, order = torch.sort(miss_ids)
+        return CacheLookup(
+            gpu_pos=gpu_pos,
+            gpu_slot=s[gpu_pos].to(torch.int64),
+            host_pos=host_pos.cpu(),
+            host_slot=(-2 - s[host_pos]).to(torch.int64).cpu(),
+            miss_pos=miss_pos[order.to(miss_pos.device)],
+            miss_ids=miss_ids,
+        )
+
+
+def _filled(
+    ids: torch.Tensor, dim: int, dtype: torch.dtype, fetch: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    out = torch.empty(ids.numel(), dim, dtype=dtype)
+    step = 1 << 16
+    for lo in range(0, ids.numel(), step):
+        out[lo : lo + step] = fetch(ids[lo : lo + step])
+    return out

@@ -1,0 +1,269 @@
+"""Throughput-per-cost model: predict each stage's time and pick SSDs and cache sizes.
+
+Per batch, with ``U`` unique input nodes of which a fraction ``h_g`` hit the GPU
+cache and ``h_c`` the host cache (read off the measured hotness curve at the
+cache sizes), the stages are::
+
+    sample    = measured sampling time per batch (GPU or CPU sampler)
+    compute   = measured forward + backward + step per batch
+    transfer  = U (1 - h_g) row / B_pcie + U h_c row / B_gather     (host -> device)
+    disk      = max(IOs / (k IOPS), pages 4 KiB / (k B_disk))        (k SSDs)
+
+Pages touched by ``m`` misses spread over ``P`` file pages: ``P (1 - exp(-m r / P))``
+with ``r`` pages per row; IOs are the pages whose predecessor was not read
+(``pages (1 - pages / P)``). The pipeline overlaps sampling, disk reads and the
+training thread, so ``T_batch = max(sample, disk, transfer + compute)``; without
+overlap it is their sum. Throughput per dollar divides seeds/s by the machine's
+price (base + GPU + k SSDs).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from carina.core.config import Config, require
+from carina.core.errors import CapacityError
+
+__all__ = [
+    "MachineSpec",
+    "Overlap",
+    "Prediction",
+    "WorkloadProfile",
+    "best_gap_pages",
+    "hit_rate",
+    "predict",
+    "recommend",
+]
+
+PAGE = 4096
+
+
+class Overlap(enum.Enum):
+    """Whether stages run concurrently (pipelined) or one after another."""
+
+    PIPELINED = "pipelined"
+    SERIAL = "serial"
+
+
+@dataclass(kw_only=True)
+class MachineSpec(Config):
+    """A machine as the model sees it (measured by ``calibrate`` or described).
+
+    Attributes:
+        name: Label.
+        ssd_count: SSDs striped for features.
+        ssd_read_gbps: Large-read bandwidth of one SSD (GB/s).
+        ssd_iops: 4 KiB random-read IOPS of one SSD at depth.
+        pcie_gbps: Host -> device bandwidth (GB/s); on a CPU-only machine the memcpy rate.
+        host_gather_gbps: Rate of gathering scattered rows in host memory (GB/s).
+        gpu_mem_gb / host_mem_gb: Memory available for caches (GB).
+        base_price_usd / gpu_price_usd / ssd_price_usd: Prices for TPC.
+        bus_limit_gbps: Aggregate SSD bandwidth the host can take (PCIe lanes).
+    """
+
+    name: str = "machine"
+    ssd_count: int = 1
+    ssd_read_gbps: float = 3.0
+    ssd_iops: float = 700_000.0
+    pcie_gbps: float = 25.0
+    host_gather_gbps: float = 10.0
+    gpu_mem_gb: float = 40.0
+    host_mem_gb: float = 256.0
+    base_price_usd: float = 14_098.0
+    gpu_price_usd: float = 14_177.0
+    ssd_price_usd: float = 308.0
+    bus_limit_gbps: float = 25.0
+
+    def validate(self) -> None:
+        """All rates positive."""
+        for key in ("ssd_read_gbps", "ssd_iops", "pcie_gbps", "host_gather_gbps", "bus_limit_gbps"):
+            require(getattr(self, key) > 0, f"{key} must be positive", key=key)
+        require(self.ssd_count >= 0, "ssd_count must be >= 0", key="ssd_count")
+
+    @property
+    def price_usd(self) -> float:
+        """Price of the machine with its SSDs."""
+        return self.base_price_usd + self.gpu_price_usd + self.ssd_count * self.ssd_price_usd
+
+
+@dataclass(kw_only=True)
+class WorkloadProfile(Config):
+    """A training workload measured on its graph.
+
+    Attributes:
+        num_nodes: Nodes in the graph.
+        row_bytes / row_stride: Feature row size and its on-disk stride.
+        batch_size: Seeds per batch.
+        batches_per_epoch: Batches in an epoch.
+        unique_per_batch: Mean unique input nodes per batch.
+        sample_s / compute_s: Measured seconds per batch.
+        hotness_curve: Cumulative share of row accesses served by the hottest
+            ``i / (len - 1)`` fraction of nodes (starts at 0.0, ends at 1.0).
+    """
+
+    num_nodes: int
+    row_bytes: int
+    row_stride: int
+    batch_size: int
+    batches_per_epoch: int
+    unique_per_batch: float
+    sample_s: float
+    compute_s: float
+    hotness_curve: list[float] = field(default_factory=lambda: [0.0, 1.0])
+
+    def validate(self) -> None:
+        """Sizes positive; the curve rises from 0 to 1."""
+        require(self.num_nodes > 0 and self.row_bytes > 0, "empty workload", key="num_nodes")
+        curve = self.hotness_curve
+        require(len(curve) >= 2 and curve[0] == 0.0, "hotness_curve starts at 0", key="hotness_curve")
+        require(abs(curve[-1] - 1.0) < 1e-6, "hotness_curve ends at 1", key="hotness_curve")
+        require(all(b >= a for a, b in itertools.pairwise(curve)), "curve must rise", key="hotness_curve")
+
+    @property
+    def feature_bytes(self) -> int:
+        """All rows."""
+        return self.num_nodes * self.row_bytes
+
+
+def hit_rate(curve: list[float], fraction: float) -> float:
+    """Share of accesses served by the hottest ``fraction`` of nodes (linear interpolation)."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    pos = fraction * (len(curve) - 1)
+    i = min(int(pos), len(curve) - 2)
+    return curve[i] + (curve[i + 1] - curve[i]) * (pos - i)
+
+
+@dataclass
+class Prediction:
+    """Predicted per-batch stage times (s), the bottleneck, epoch time and TPC."""
+
+    stages: dict[str, float]
+    batch_s: float
+    bottleneck: str
+    epoch_s: float
+    seeds_per_s: float
+    tpc: float
+    gpu_hit: float
+    host_hit: float
+    disk_pages: float
+    disk_ios: float
+    config: dict[str, float] = field(default_factory=dict)
+
+
+def predict(
+    machine: MachineSpec,
+    work: WorkloadProfile,
+    *,
+    gpu_cache_rows: int,
+    host_cache_rows: int,
+    overlap: Overlap = Overlap.PIPELINED,
+    gap_pages: int = 0,
+) -> Prediction:
+    """Predict one configuration (cache sizes in rows, read-gap policy) on ``machine``."""
+    n = work.num_nodes
+    gpu_rows = min(gpu_cache_rows, n)
+    host_rows = min(host_cache_rows, n - gpu_rows)
+    h_g = hit_rate(work.hotness_curve, gpu_rows / n)
+    h_c = hit_rate(work.hotness_curve, (gpu_rows + host_rows) / n) - h_g
+    u = work.unique_per_batch
+    misses = u * (1.0 - h_g - h_c)
+    pages, ios = _disk_requests(misses, work, gap_pages)
+    k = machine.ssd_count
+    if k == 0 and misses > 1e-9:
+        raise CapacityError("no SSD but rows miss the caches", misses_per_batch=misses)
+    disk_bw = min(k * machine.ssd_read_gbps, machine.bus_limit_gbps) * 1e9 if k else 1.0
+    disk = max(ios / (k * machine.ssd_iops), pages * PAGE / disk_bw) if k and misses > 0 else 0.0
+    transfer = u * (1 - h_g) * work.row_bytes / (machine.pcie_gbps * 1e9)
+    transfer += u * h_c * work.row_bytes / (machine.host_gather_gbps * 1e9)
+    stages = {"sample": work.sample_s, "disk": disk, "transfer": transfer, "compute": work.compute_s}
+    lanes = {"sample": work.sample_s, "disk": disk, "transfer+compute": transfer + work.compute_s}
+    if overlap is Overlap.PIPELINED:
+        bottleneck = max(lanes, key=lambda s: lanes[s])
+        batch = lanes[bottleneck]
+    else:
+        bottleneck = max(stages, key=lambda s: stages[s])
+        batch = sum(stages.values())
+    seeds_per_s = work.batch_size / batch if batch > 0 else math.inf
+    return Prediction(
+        stages=stages,
+        batch_s=batch,
+        bottleneck=bottleneck,
+        epoch_s=batch * work.batches_per_epoch,
+        seeds_per_s=seeds_per_s,
+        tpc=seeds_per_s / machine.price_usd,
+        gpu_hit=h_g,
+        host_hit=h_c,
+        disk_pages=pages,
+        disk_ios=ios,
+        config={"gpu_cache_rows": gpu_rows, "host_cache_rows": host_rows, "ssd_count": k},
+    )
+
+
+def _disk_requests(misses: float, work: WorkloadProfile, gap_pages: int = 0) -> tuple[float, float]:
+    """Expected pages read and IOs for ``misses`` rows scattered over the file.
+
+    Touched pages have density ``rho`` over the file. A run continues across a hole
+    of ``j <= gap_pages`` unneeded pages (read and discarded) and breaks at a longer
+    one, so IOs are ``touched (1 - rho)^(gap+1)`` and each touched page drags in
+    ``sum_{j<=gap} j rho (1 - rho)^j`` hole pages on average.
+    """
+    if misses <= 0:
+        return 0.0, 0.0
+    file_pages = max(1.0, work.num_nodes * work.row_stride / PAGE)
+    if work.row_stride < PAGE:  # several rows share a page: pages dedup
+        touched = file_pages * (1.0 - math.exp(-misses / file_pages))
+    else:
+        touched = misses * work.row_stride / PAGE
+    rho = min(1.0, touched / file_pages)
+    ios = touched * (1.0 - rho) ** (gap_pages + 1)
+    holes = sum(j * rho * (1.0 - rho) ** j for j in range(1, gap_pages + 1))
+    return touched * (1.0 + holes), ios
+
+
+def best_gap_pages(machine: MachineSpec, *, limit: int = 255) -> int:
+    """Largest hole worth reading through: an IO of ``g + 1`` pages costs no more than a 1-page IO.
+
+    A request costs ``max(1 / IOPS, bytes / bandwidth)``; below ``bandwidth / IOPS``
+    bytes a disk is IOPS-bound and extra pages are free.
+    """
+    pages = machine.ssd_read_gbps * 1e9 / (machine.ssd_iops * PAGE)
+    return int(max(0, min(limit, math.floor(pages) - 1)))
+
+
+def recommend(
+    machine: MachineSpec,
+    work: WorkloadProfile,
+    *,
+    budget_usd: float | None = None,
+    max_ssds: int = 16,
+    gpu_reserve_gb: float = 8.0,
+    host_reserve_gb: float = 16.0,
+) -> tuple[Prediction, list[Prediction]]:
+    """Best throughput-per-dollar configuration within ``budget_usd``.
+
+    Caches are as large as the memory left after the reserves (more cache never
+    hurts in this model) and reads merge holes up to :func:`best_gap_pages`; the
+    search is over the SSD count. Returns the best
+    prediction and every candidate considered.
+
+    Raises:
+        CapacityError: No SSD count fits the budget.
+    """
+    gpu_rows = int(max(0.0, machine.gpu_mem_gb - gpu_reserve_gb) * 1e9 // work.row_bytes)
+    host_rows = int(max(0.0, machine.host_mem_gb - host_reserve_gb) * 1e9 // work.row_bytes)
+    gpu_rows = min(gpu_rows, work.num_nodes)
+    host_rows = min(host_rows, work.num_nodes - gpu_rows)
+    fits_in_memory = gpu_rows + host_rows >= work.num_nodes
+    candidates: list[Prediction] = []
+    for k in range(0 if fits_in_memory else 1, max_ssds + 1):
+        m = MachineSpec.from_dict({**machine.to_dict(), "ssd_count": k})
+        if budget_usd is not None and m.price_usd > budget_usd:
+            continue
+        gap = best_gap_pages(m)
+        candidates.append(predict(m, work, gpu_cache_rows=gpu_rows, host_cache_rows=host_rows, gap_pages=gap))
+    if not candidates:
+        raise CapacityError("no SSD count fits the budget", budget_usd=budget_usd)
+    return max(candidates, key=lambda p: p.tpc), candidates

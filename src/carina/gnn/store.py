@@ -1,0 +1,280 @@
+"""Out-of-core node features: static cache, then coalesced page reads through carina.io.
+
+A batch's rows are served in three steps, split so a pipeline can run them on
+different threads:
+
+1. :meth:`OutOfCoreFeatures.plan` looks every node up in the static cache (one
+   gather on the sampling device) and turns the misses into sorted, deduplicated
+   4 KiB pages grouped into runs of consecutive pages (vectorised, numpy).
+2. :meth:`OutOfCoreFeatures.read` submits one request per run to the
+   :class:`carina.io.IOEngine` (``O_DIRECT`` where allowed), waits, and cuts the
+   rows out of the page buffer.
+3. :meth:`OutOfCoreFeatures.assemble` writes GPU hits, host hits and read rows
+   into one device tensor in batch order.
+
+Counters (:class:`FetchStats`) record hits per tier, pages, IOs and bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from carina.core.config import Config, require
+from carina.core.errors import ConfigError
+from carina.gnn.cache import CacheLookup, StaticCache
+from carina.gnn.dataset import PAGE, Dataset
+
+__all__ = ["FetchPlan", "FetchStats", "OutOfCoreFeatures", "PageRuns", "StoreConfig", "page_runs"]
+
+
+@dataclass(kw_only=True)
+class StoreConfig(Config):
+    """Page-read policy of the out-of-core store.
+
+    Attributes:
+        gap_pages: Merge runs separated by at most this many unneeded pages
+            (read and discarded: fewer, larger IOs for more bytes).
+        max_run_pages: Largest run in pages (one IO).
+    """
+
+    gap_pages: int = 0
+    max_run_pages: int = 64
+
+    def validate(self) -> None:
+        """Check ranges."""
+        require(self.gap_pages >= 0, "gap_pages must be >= 0", key="gap_pages")
+        require(self.max_run_pages >= 1, "max_run_pages must be >= 1", key="max_run_pages")
+
+
+@dataclass
+class PageRuns:
+    """Runs of pages to read and where each needed page lands in the buffer.
+
+    Attributes:
+        run_first: First page of each run.
+        run_pages: Pages in each run (gaps included).
+        run_buf: Buffer offset (in pages) of each run.
+        total_pages: Pages read in all (the buffer size in pages).
+    """
+
+    run_first: np.ndarray
+    run_pages: np.ndarray
+    run_buf: np.ndarray
+    total_pages: int
+
+    def buffer_page(self, pages: np.ndarray) -> np.ndarray:
+        """Buffer page index of each (needed) page."""
+        r = np.searchsorted(self.run_first, pages, side="right") - 1
+        return self.run_buf[r] + (pages - self.run_first[r])
+
+
+def page_runs(pages: np.ndarray, *, gap_pages: int = 0, max_run_pages: int = 64) -> PageRuns:
+    """Group sorted unique page numbers into runs of at most ``max_run_pages``."""
+    if pages.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return PageRuns(empty, empty, empty, 0)
+    breaks = np.flatnonzero(np.diff(pages) > gap_pages + 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [pages.size]])
+    firsts, counts = [], []
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        lo, hi = int(pages[s]), int(pages[e - 1]) + 1
+        chunk = np.arange(lo, hi, max_run_pages, dtype=np.int64)
+        firsts.append(chunk)
+        counts.append(np.minimum(max_run_pages, hi - chunk))
+    first = np.concatenate(firsts)
+    n = np.concatenate(counts)
+    buf = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+    return PageRuns(first, n, buf, int(n.sum()))
+
+
+@dataclass
+class FetchPlan:
+    """What one batch needs: cache hits by tier and the page runs of the misses."""
+
+    n_id: torch.Tensor
+    lookup: CacheLookup
+    runs: PageRuns
+    row_page: np.ndarray  # first page of each missing row
+
+
+@dataclass
+class FetchStats:
+    """Counters over every batch fetched so far."""
+
+    rows: int = 0
+    gpu_hits: int = 0
+    host_hits: int = 0
+    misses: int = 0
+    pages: int = 0
+    ios: int = 0
+    bytes_read: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **counts: int) -> None:
+        """Add to counters (thread-safe)."""
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self, row_bytes: int) -> dict[str, float]:
+        """Counters plus hit rate and read amplification."""
+        d: dict[str, float] = {k: getattr(self, k) for k in ("rows", "gpu_hits", "host_hits", "misses")}
+        d.update(pages=self.pages, ios=self.ios, bytes_read=self.bytes_read)
+        d["hit_rate"] = (self.gpu_hits + self.host_hits) / self.rows if self.rows else 0.0
+        d["amplification"] = self.bytes_read / (self.misses * row_bytes) if self.misses else 0.0
+        return d
+
+
+class OutOfCoreFeatures:
+    """Features of a :class:`Dataset` served from a static cache and its file.
+
+    Args:
+        dataset: The opened dataset (its ``features.bin`` is read).
+        engine: An open :class:`carina.io.IOEngine`.
+        device: Where assembled batches go.
+        cache: The static cache (``None``: every row comes from disk).
+        config: Page-read policy.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        engine: Any,
+        device: str | torch.device = "cpu",
+        cache: StaticCache | None = None,
+        config: StoreConfig | None = None,
+    ) -> None:
+        self.manifest = dataset.manifest
+        self.device = torch.device(device)
+        self.engine = engine
+        self.config = config or StoreConfig()
+        self.handle = engine.open(str(dataset.features_path), "r")
+        self.cache = cache
+        self.stats = FetchStats()
+        self.dim = self.manifest.feature_dim
+        self.dtype = self.manifest.torch_dtype
+
+    def attach_cache(self, cache: StaticCache | None) -> None:
+        """Use ``cache`` (built with :meth:`read_rows` as its fetch function)."""
+        self.cache = cache
+
+    def close(self) -> None:
+        """Close the feature file (the engine stays open)."""
+        self.engine.close_file(self.handle)
+
+    # -- stage 1 ----------------------------------------------------------------
+    def plan(self, n_id: torch.Tensor) -> FetchPlan:
+        """Look ``n_id`` up in the cache and plan the page reads of the misses."""
+        lookup = self._lookup(n_id)
+        ids = lookup.miss_ids.numpy()
+        stride = self.manifest.row_stride
+        first = ids * stride // PAGE
+        last = (ids * stride + stride - 1) // PAGE
+        span = int((last - first).max()) + 1 if ids.size else 1
+        need = first if span == 1 else (first[:, None] + np.arange(span)).reshape(-1)
+        pages = np.unique(need)
+        runs = page_runs(pages, gap_pages=self.config.gap_pages, max_run_pages=self.config.max_run_pages)
+        return FetchPlan(n_id=n_id, lookup=lookup, runs=runs, row_page=first)
+
+    def _lookup(self, n_id: torch.Tensor) -> CacheLookup:
+        if self.cache is not None:
+            return self.cache.lookup(n_id)
+        empty = torch.zeros(0, dtype=torch.int64)
+        ids, order = torch.sort(n_id.cpu())
+        return CacheLookup(
+            gpu_pos=empty.to(n_id.device),
+            gpu_slot=empty.to(n_id.device),
+            host_pos=empty,
+            host_slot=empty,
+            miss_pos=order.to(n_id.device),
+            miss_ids=ids,
+        )
+
+    # -- stage 2 ----------------------------------------------------------------
+    def read(self, plan: FetchPlan, *, count: bool = True) -> torch.Tensor:
+        """Read the missing rows of ``plan`` (CPU tensor, in ``miss_ids`` order).
+
+        ``count=False`` leaves :attr:`stats` alone (cache filling).
+        """
+        from carina.io import aligned_buffer
+
+        runs = plan.runs
+        buf = aligned_buffer(max(runs.total_pages, 1) * PAGE)
+        reqs = [
+            (self.handle, int(f) * PAGE, buf[int(b) * PAGE : int(b + n) * PAGE])
+            for f, n, b in zip(runs.run_first, runs.run_pages, runs.run_buf, strict=True)
+        ]
+        for fut in self.engine.read_batch(reqs) if reqs else []:
+            fut.result()
+        m = self.manifest
+        if count:
+            self._count(plan, len(reqs))
+        return _cut_rows(buf, runs, plan, m.row_stride, m.row_bytes, self.dtype, self.dim)
+
+    def _count(self, plan: FetchPlan, ios: int) -> None:
+        runs = plan.runs
+        self.stats.add(
+            rows=plan.n_id.numel(),
+            gpu_hits=plan.lookup.gpu_pos.numel(),
+            host_hits=plan.lookup.host_pos.numel(),
+            misses=plan.lookup.miss_ids.numel(),
+            pages=runs.total_pages,
+            ios=ios,
+            bytes_read=runs.total_pages * PAGE,
+        )
+
+    # -- stage 3 ----------------------------------------------------------------
+    def assemble(self, plan: FetchPlan, missing: torch.Tensor) -> torch.Tensor:
+        """One ``[len(n_id), dim]`` tensor on the device, in ``n_id`` order."""
+        lk = plan.lookup
+        out = torch.empty(plan.n_id.numel(), self.dim, dtype=self.dtype, device=self.device)
+        if self.cache is not None and lk.gpu_pos.numel():
+            out[lk.gpu_pos.to(self.device)] = self.cache.gpu[lk.gpu_slot.to(self.device)]
+        if self.cache is not None and lk.host_pos.numel():
+            rows = self.cache.host[lk.host_slot]
+            out[lk.host_pos.to(self.device)] = rows.to(self.device, non_blocking=True)
+        if missing.numel():
+            out[lk.miss_pos.to(self.device)] = missing.to(self.device, non_blocking=True)
+        return out
+
+    def gather(self, n_id: torch.Tensor) -> torch.Tensor:
+        """All three stages at once: rows of ``n_id`` on the device."""
+        plan = self.plan(n_id)
+        return self.assemble(plan, self.read(plan))
+
+    def read_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of ``ids`` straight from disk (CPU, in ``ids`` order); fills caches."""
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.manifest.num_nodes):
+            raise ConfigError(f"node ids must lie in [0, {self.manifest.num_nodes})", key="index")
+        saved, self.cache = self.cache, None
+        try:
+            plan = self.plan(ids.cpu())
+            rows = self.read(plan, count=False)
+        finally:
+            self.cache = saved
+        out = torch.empty_like(rows)
+        out[plan.lookup.miss_pos] = rows
+        return out
+
+
+def _cut_rows(
+    buf: np.ndarray, runs: PageRuns, plan: FetchPlan, stride: int, row_bytes: int, dtype: torch.dtype, dim: int
+) -> torch.Tensor:
+    ids = plan.lookup.miss_ids.numpy()
+    if ids.size == 0:
+        return torch.empty(0, dim, dtype=dtype)
+    start = runs.buffer_page(plan.row_page) * PAGE + (ids * stride) % PAGE
+    chunk = min(stride, PAGE)  # a stride divides a page or is whole pages
+    per_row = stride // chunk
+    raw = torch.from_numpy(buf).view(-1, chunk)
+    idx = torch.from_numpy(start // chunk)
+    rows = raw[idx] if per_row == 1 else raw[(idx[:, None] + torch.arange(per_row)).reshape(-1)]
+    rows = rows.reshape(ids.size, stride)[:, :row_bytes]
+    return rows.contiguous().view(dtype).reshape(ids.size, dim)

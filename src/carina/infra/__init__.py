@@ -1,0 +1,1 @@
+"""Infrastructure tools: cluster validation, provisioning, storage middle tier."""

@@ -1,0 +1,211 @@
+"""The ``uring`` backend: io_uring through raw system calls, one ring thread.
+
+Callers append work to a queue and, if the ring thread sleeps in the kernel,
+poke an eventfd (a read of it stays queued in the ring). The ring thread turns
+as much queued work as there are free slots into submission entries, submits
+them all with one ``io_uring_enter`` (which also waits for a completion, the
+GIL released), then reaps every completion. Gathers are written to the ring
+with array stores and reaped with array loads: no Python object per row.
+Nothing is compiled; the kernel only needs io_uring enabled.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from carina.io._buffers import address_of
+from carina.io._future import Op, OpKind
+from carina.io._gather import GatherOp
+from carina.io.backends._ring import OP_READ, OP_READ_FIXED, OP_READV, OP_WRITE, OP_WRITE_FIXED, OP_WRITEV, Ring
+from carina.io.backends.base import IOBackend
+
+__all__ = ["UringBackend"]
+
+log = logging.getLogger("carina.io")
+
+_WAKE = 1 << 62
+_ROW = 1 << 61  # user_data of a gather row: _ROW | gather id << 32 | row
+
+
+class UringBackend(IOBackend):
+    """io_uring backend: at most ``queue_depth`` requests in the kernel, batched submission."""
+
+    name: ClassVar[str] = "uring"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"vectored", "async", "real_io", "batched_submit"})
+
+    def __init__(self, *, queue_depth: int = 64, workers: int = 4) -> None:
+        super().__init__(queue_depth=queue_depth, workers=workers)
+        self._ring = Ring(1 << max(queue_depth, 2).bit_length())  # > queue_depth: one slot wakes us
+        self._room = self._capacity = min(queue_depth, self._ring.sq_entries - 1)  # entries in flight at most
+        self._queue: collections.deque[Op | list[Any]] = collections.deque()
+        self._ops: dict[int, tuple[Op, Any]] = {}
+        self._gathers: dict[int, GatherOp] = {}
+        self._ids = itertools.count()
+        self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC)
+        self._wake_buf = ctypes.create_string_buffer(8)
+        self._stopping = self._sleeping = False
+        self._fixed: tuple[int, int] | None = None  # registered [start, end)
+        self.fixed_ops = 0
+        self._thread = threading.Thread(target=self._loop, name="carina-io-uring", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def probe_reasons(cls) -> list[str]:
+        """io_uring must be allowed by the kernel (checked with a real ``io_uring_setup``)."""
+        from carina.core.probes import probe_io_uring
+
+        if not hasattr(os, "eventfd"):
+            return ["os.eventfd is missing (Python >= 3.10 on Linux needed)"]
+        ok, why = probe_io_uring()
+        return [] if ok else [why]
+
+    def register_memory(self, address: int, length: int) -> bool:
+        """Register one region as an io_uring fixed buffer; ops inside it use READ/WRITE_FIXED."""
+        if self._fixed is not None or length <= 0:
+            return False
+        try:
+            self._ring.register_buffers([(address, length)])
+        except OSError as exc:  # e.g. RLIMIT_MEMLOCK too low: plain reads still work
+            log.warning("carina.io: io_uring buffer registration refused: %s", exc)
+            return False
+        self._fixed = (address, address + length)
+        return True
+
+    def _submit(self, ops: Sequence[Op]) -> None:
+        self._queue.extend(ops)
+        self._poke()
+
+    def _submit_gather(self, gather: GatherOp) -> None:
+        self._queue.append([gather, 0])  # [gather, next row]
+        self._poke()
+
+    def _poke(self) -> None:
+        if self._sleeping:  # the ring thread may be waiting in the kernel: wake it
+            os.eventfd_write(self._wake_fd, 1)
+
+    def _close(self) -> None:
+        self._stopping = True
+        os.eventfd_write(self._wake_fd, 1)
+        self._thread.join()
+        self._ring.close()
+        os.close(self._wake_fd)
+
+    # -- ring thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self._turn()
+        except BaseException as exc:  # a bug or a dead ring: fail what is pending, never hang callers
+            self._fail_all(exc)
+            raise
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.closed = True
+        error = OSError(5, f"uring backend stopped: {exc!r}")
+        for op, _ in self._ops.values():
+            op.finish(error)
+        for gather in self._gathers.values():
+            gather.results[gather.results < 0] = -5
+            gather.finish()
+        for item in self._queue:
+            if isinstance(item, Op):
+                item.finish(error)
+            elif len(item) < 3:
+                item[0].results[:] = -5
+                item[0].finish()
+
+    def _turn(self) -> None:
+        self._arm_wake()
+        while True:
+            self._fill()
+            if self._stopping and not self._queue and self._room == self._capacity:
+                return
+            self._sleeping = True
+            self._ring.enter(wait=0 if self._queue and self._room else 1)  # re-check after announcing
+            self._sleeping = False
+            self._reap()
+
+    def _arm_wake(self) -> None:
+        self._ring.prepare(OP_READ, self._wake_fd, 0, ctypes.addressof(self._wake_buf), 8, _WAKE)
+
+    def _fill(self) -> None:
+        while self._queue and self._room:
+            item = self._queue[0]
+            if isinstance(item, Op):
+                self._queue.popleft()
+                self._prepare_op(item)
+                self._room -= 1
+                continue
+            gather, row = item[0], item[1]
+            take = min(self._room, len(gather.offsets) - row)
+            if row == 0:
+                gid = next(self._ids) & 0x1FFFFFFF
+                self._gathers[gid] = gather
+                item.append(gid)
+            rows = np.arange(row, row + take, dtype=np.uint64)
+            user = np.uint64(_ROW | item[2] << 32) | rows
+            self._ring.prepare_many(
+                OP_READ,
+                gather.fd,
+                gather.offsets[row : row + take],
+                gather.addresses[row : row + take],
+                gather.lengths[row : row + take],
+                user,
+            )
+            self._room -= take
+            item[1] = row + take
+            if item[1] == len(gather.offsets):
+                self._queue.popleft()
+
+    def _prepare_op(self, op: Op) -> None:
+        keep: Any = None
+        if len(op.views) == 1:
+            view = op.views[0]
+            code, addr, length = (OP_READ if op.kind is OpKind.READ else OP_WRITE), address_of(view), view.nbytes
+            fixed = self._fixed
+            if fixed is not None and fixed[0] <= addr and addr + length <= fixed[1]:
+                code = OP_READ_FIXED if op.kind is OpKind.READ else OP_WRITE_FIXED
+                self.fixed_ops += 1
+        else:
+            keep = (ctypes.c_uint64 * (2 * len(op.views)))(*[x for v in op.views for x in (address_of(v), v.nbytes)])
+            code = OP_READV if op.kind is OpKind.READ else OP_WRITEV
+            addr, length = ctypes.addressof(keep), len(op.views)
+        slot = id(op) & 0xFFFFFFFFFFFF  # below the gather and wake bits; unique while op is alive
+        self._ops[slot] = (op, keep)
+        self._ring.prepare(code, op.fd, op.offset, addr, length, slot)
+
+    def _reap(self) -> None:
+        user, res = self._ring.completion_arrays()
+        if not len(user):
+            return
+        rows = (user & np.uint64(_ROW | _WAKE)) == np.uint64(_ROW)
+        for u, r in zip(user[~rows].tolist(), res[~rows].tolist(), strict=True):
+            if u == _WAKE:
+                self._arm_wake()
+                continue
+            self._room += 1
+            op, _ = self._ops.pop(u)
+            op.finish(r if r >= 0 else OSError(-r, os.strerror(-r)))
+        if rows.any():
+            self._reap_rows(user[rows], res[rows])
+
+    def _reap_rows(self, user: np.ndarray, res: np.ndarray) -> None:
+        self._room += len(user)
+        gids = ((user >> np.uint64(32)) & np.uint64(0x1FFFFFFF)).astype(np.int64)
+        index = (user & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        for gid in np.unique(gids).tolist():
+            mine = gids == gid
+            gather = self._gathers[gid]
+            gather.results[index[mine]] = res[mine]
+            count = int(mine.sum())
+            if gather._left == count:
+                del self._gathers[gid]
+            gather.rows_done(count)

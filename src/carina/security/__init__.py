@@ -1,0 +1,1 @@
+"""Security tools: risk graphs, image introspection, TEE overhead, timing faults."""

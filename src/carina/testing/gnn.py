@@ -1,0 +1,200 @@
+"""GNN test kit: a reference feature store, its conformance suite, and fake multi-GPU machines.
+
+* :class:`InMemoryFeatureStore` is the reference PyG ``FeatureStore``: a dict of
+  tensors, nothing else. Every carina feature store must answer like it.
+* :class:`FeatureStoreTests` is the conformance suite. A backend's test module
+  subclasses it and implements :meth:`FeatureStoreTests.make_store`, returning a
+  store that serves ``expected`` (a ``[n, d]`` tensor) under ``attr_name="x"``.
+* :func:`fake_topology` returns multi-GPU machines that cannot exist on a test
+  host; every plan or figure computed on them is **simulated** and says so
+  (``Topology.simulated`` is ``True``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch_geometric.data import FeatureStore, TensorAttr
+
+__all__ = ["FeatureStoreTests", "InMemoryFeatureStore", "fake_topology", "placed_training_worker", "two_gpu_machine"]
+
+
+class InMemoryFeatureStore(FeatureStore):
+    """Reference feature store: tensors in a dict keyed by ``(group_name, attr_name)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._store: dict[tuple[Any, str], torch.Tensor] = {}
+
+    def _put_tensor(self, tensor: torch.Tensor, attr: TensorAttr) -> bool:
+        key = (attr.group_name, attr.attr_name)
+        if attr.index is None:
+            self._store[key] = tensor.clone()
+            return True
+        if key not in self._store:
+            return False
+        self._store[key][attr.index] = tensor
+        return True
+
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor | None:
+        t = self._store.get((attr.group_name, attr.attr_name))
+        if t is None:
+            return None
+        return t if attr.index is None else t[attr.index]
+
+    def _remove_tensor(self, attr: TensorAttr) -> bool:
+        return self._store.pop((attr.group_name, attr.attr_name), None) is not None
+
+    def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
+        t = self._store.get((attr.group_name, attr.attr_name))
+        return None if t is None else tuple(t.shape)
+
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        """Every stored attribute."""
+        return [TensorAttr(group_name=g, attr_name=a) for g, a in self._store]
+
+
+class FeatureStoreTests:
+    """Conformance suite for PyG feature stores serving node features.
+
+    Subclasses implement :meth:`make_store`; pytest collects the ``test_*``
+    methods. Rows must come back bit-identical to ``expected``.
+    """
+
+    def make_store(self, expected: torch.Tensor) -> FeatureStore:
+        """A store serving ``expected`` as ``(group_name=None, attr_name="x")``."""
+        raise NotImplementedError
+
+    @pytest.fixture
+    def expected(self) -> torch.Tensor:
+        """Features the store must serve (fp32, 4 KiB-unfriendly width on purpose)."""
+        gen = torch.Generator().manual_seed(7)
+        return torch.randn(1000, 24, generator=gen)
+
+    @pytest.fixture
+    def store(self, expected: torch.Tensor) -> FeatureStore:
+        """The store under test."""
+        return self.make_store(expected)
+
+    def test_full_tensor(self, store: FeatureStore, expected: torch.Tensor) -> None:
+        """``index=None`` returns every row."""
+        assert torch.equal(store.get_tensor(group_name=None, attr_name="x", index=None), expected)
+
+    def test_index_rows(self, store: FeatureStore, expected: torch.Tensor) -> None:
+        """Arbitrary, unsorted, repeated indices."""
+        idx = torch.tensor([999, 0, 5, 5, 512, 3, 999, 42])
+        assert torch.equal(store.get_tensor(group_name=None, attr_name="x", index=idx), expected[idx])
+
+    def test_slice(self, store: FeatureStore, expected: torch.Tensor) -> None:
+        """Slices select contiguous rows."""
+        assert torch.equal(store.get_tensor(group_name=None, attr_name="x", index=slice(10, 20)), expected[10:20])
+
+    def test_multi_get(self, store: FeatureStore, expected: torch.Tensor) -> None:
+        """``multi_get_tensor`` answers each attribute in order."""
+        attrs = [TensorAttr(None, "x", torch.tensor([1, 2])), TensorAttr(None, "x", torch.tensor([900]))]
+        out = store.multi_get_tensor(attrs)
+        assert torch.equal(out[0], expected[[1, 2]])
+        assert torch.equal(out[1], expected[[900]])
+
+    def test_size_and_attrs(self, store: FeatureStore, expected: torch.Tensor) -> None:
+        """Sizes and the attribute list."""
+        assert tuple(store.get_tensor_size(group_name=None, attr_name="x")) == tuple(expected.shape)
+        assert [(a.group_name, a.attr_name) for a in store.get_all_tensor_attrs()] == [(None, "x")]
+
+    def test_missing_attr(self, store: FeatureStore) -> None:
+        """An unknown attribute has no size and no rows (PyG returns ``None``)."""
+        assert store.get_tensor_size(group_name=None, attr_name="nope") is None
+        assert store.get_tensor(group_name=None, attr_name="nope", index=None) is None
+
+    def test_out_of_range(self, store: FeatureStore, expected: torch.Tensor) -> None:
+        """Indices past the end are refused, not wrapped."""
+        with pytest.raises((IndexError, ValueError)):
+            store.get_tensor(group_name=None, attr_name="x", index=torch.tensor([expected.shape[0]]))
+
+
+def two_gpu_machine() -> Any:
+    """A small simulated machine: one socket, DRAM, two switches each with a GPU and an SSD."""
+    from carina.gnn.placement.topology import NodeKind, Topology
+
+    t = Topology(name="fake-2gpu", simulated=True)
+    t.add("cpu0", NodeKind.CPU)
+    t.add("dram0", NodeKind.DRAM)
+    t.connect("dram0", "cpu0", 20.0)
+    for s in range(2):
+        t.add(f"sw{s}", NodeKind.SWITCH)
+        t.connect(f"sw{s}", "cpu0", 12.0)
+        t.add(f"gpu{s}", NodeKind.GPU)
+        t.connect(f"gpu{s}", f"sw{s}", 24.0)
+        t.add(f"ssd{s}", NodeKind.SSD)
+        t.connect(f"ssd{s}", f"sw{s}", 3.0, both=False)
+    t.connect("gpu0", "gpu1", 50.0)  # a peer link so that peers' caches are worth using
+    return t
+
+
+def placed_training_worker(rank: int, world: int, root: str, init_file: str, out_dir: str) -> None:
+    """One process of a simulated multi-GPU run (gloo, CPU): in-memory vs placed features.
+
+    Each rank trains a DDP replica on its shard twice from the same seed: once with all
+    features in memory, once with features served by :class:`PlacedFeatures` following a
+    greedy placement on :func:`two_gpu_machine`. Losses and served-row counts go to
+    ``out_dir/rank<r>.json``.
+    """
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    import numpy as np
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from carina.gnn.cache import degree_hotness
+    from carina.gnn.dataset import Dataset
+    from carina.gnn.placement.place import Items, place_greedy
+    from carina.gnn.placement.runtime import PlacedFeatures
+    from carina.gnn.sampler import NeighborSampler
+    from carina.gnn.store import OutOfCoreFeatures
+    from carina.gnn.train import GNN, InMemoryFeatures, ModelKind, TrainConfig, train_epoch
+    from carina.io import IOConfig, IOEngine
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    ds = Dataset.open(root)
+    m = ds.manifest
+    chunk = 128
+    hot = degree_hotness(ds.graph)
+    n_chunks = -(-m.num_nodes // chunk)
+    per_chunk = torch.zeros(n_chunks).index_add_(0, torch.arange(m.num_nodes) // chunk, hot).numpy()
+    noise = np.random.default_rng(0).uniform(0.5, 1.5, (n_chunks, world))
+    gpus = [f"gpu{r}" for r in range(world)]
+    items = Items(size_gb=np.ones(n_chunks), traffic=per_chunk[:, None] * noise / per_chunk.sum(), gpus=gpus)
+    caps = {"gpu0": 0.2 * n_chunks, "gpu1": 0.2 * n_chunks, "dram0": 0.2 * n_chunks, "ssd0": n_chunks, "ssd1": n_chunks}
+    topo = two_gpu_machine()
+    placement = place_greedy(topo, items, capacity_gb=caps, replicate=(0.0,))
+    cfg = TrainConfig(hidden=16, fanouts=[5, 5], batch_size=32, max_batches=3, pipeline_depth=2)
+    shard = ds.train_idx[rank::world]
+    out: dict[str, Any] = {"simulated": topo.simulated}
+    with IOEngine(IOConfig(workers=2)) as eng:
+        store = OutOfCoreFeatures(ds, engine=eng)
+        group = dist.new_group(backend="gloo")
+        placed = PlacedFeatures(ds, placement, chunk_rows=chunk, gpus=gpus, store=store, group=group)
+        for name, src in (("in-memory", InMemoryFeatures(ds.read_all_features())), ("placed", placed)):
+            torch.manual_seed(0)
+            model = DistributedDataParallel(GNN(ModelKind.SAGE, m.feature_dim, 16, m.num_classes, 2))
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            sampler = NeighborSampler(ds.graph, fanouts=cfg.fanouts, seed=100 + rank)
+            out[name] = train_epoch(model, opt, sampler, src, ds.labels, shard, cfg).losses
+        out["served"] = asdict(placed.stats)
+        store.close()
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def fake_topology(name: str) -> Any:
+    """A built-in multi-GPU topology, marked simulated (no such machine is here)."""
+    from carina.gnn.placement.topology import builtin
+
+    topo = builtin(name)
+    topo.simulated = True
+    return topo

@@ -1,0 +1,35 @@
+"""Shared state builders for the carina.ckpt tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def make_state(seed: int = 0) -> dict[str, Any]:
+    """A small model + AdamW (with state) + scheduler + extras."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model.register_buffer("counts", torch.arange(5, dtype=torch.int64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(3, 16)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    extras = {"pos": 17, "names": ("a", "b"), "by_id": {3: 1.5}, "half": torch.ones(3, dtype=torch.bfloat16)}
+    return {"model": model, "optim": opt, "sched": sched, "extras": extras}
+
+
+def tensors_of(state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    out = {f"model.{k}": v.clone() for k, v in state["model"].state_dict().items()}
+    for pid, s in state["optim"].state_dict()["state"].items():
+        for k, v in s.items():
+            out[f"optim.{pid}.{k}"] = v.clone()
+    return out
+
+
+def assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k, x in a.items():
+        assert x.dtype == b[k].dtype, k
+        assert torch.equal(x.view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)), k

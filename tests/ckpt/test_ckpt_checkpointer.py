@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from ckpt_state import assert_bitwise, make_state, tensors_of
+from safetensors import safe_open
+
+from carina.ckpt import Checkpointer, Config, WriterKind, verify
+from carina.ckpt.commit import committed_steps
+from carina.core.errors import CheckpointError, ConfigError, CorruptCheckpoint, DeviceFull
+
+
+def test_config_validates() -> None:
+    with pytest.raises(ConfigError, match="keep_last"):
+        Config(dir="x", keep_last=-1)
+    assert Config.from_dict({"dir": "x", "writer": "thread"}).writer is WriterKind.THREAD
+
+
+def test_save_restore_bitwise(tmp_path: Path, writer: str) -> None:
+    state = make_state(0)
+    expected = tensors_of(state)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind(writer))) as ckpt:
+        handle = ckpt.save(5, state)
+        after_save = torch.rand(4)  # the RNG stream right after the snapshot
+        state["optim"].step()  # changes parameters after the snapshot: must not leak in
+        handle.wait()
+        fresh = make_state(1)
+        fresh["extras"] = None
+        assert ckpt.restore(fresh) == 5
+    assert_bitwise(tensors_of(fresh), expected)
+    assert torch.equal(torch.rand(4), after_save)
+    assert fresh["sched"].state_dict() == state["sched"].state_dict()
+    extras = fresh["extras"]
+    assert extras["pos"] == 17 and extras["names"] == ("a", "b") and extras["by_id"] == {3: 1.5}
+    assert extras["half"].dtype == torch.bfloat16 and torch.equal(extras["half"], torch.ones(3, dtype=torch.bfloat16))
+
+
+def test_preallocated_arenas(tmp_path: Path) -> None:
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.THREAD, arena_bytes=1 << 20)) as ckpt:
+        held = ckpt.host_bytes
+        assert held >= 2 << 20
+        ckpt.save(1, state)
+        ckpt.save(2, state)
+        assert ckpt.host_bytes == held  # the state fits: no reallocation
+        big = {**state, "blob": torch.zeros(1 << 19)}  # 2 MiB: arenas grow
+        ckpt.save(3, big)
+        ckpt.wait()
+        assert ckpt.host_bytes > held
+        fresh = {**make_state(1), "blob": None}
+        assert ckpt.restore(fresh) == 3 and torch.equal(fresh["blob"], big["blob"])
+
+
+def test_file_is_safetensors(tmp_path: Path) -> None:
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.SYNC)) as ckpt:
+        ckpt.save(1, state)
+    shard = tmp_path / "step_0000000001" / "rank00000.safetensors"
+    with safe_open(str(shard), "pt") as f:
+        for name, value in state["model"].state_dict().items():
+            assert torch.equal(f.get_tensor(f"model/{name}"), value)
+
+
+def test_retention_and_order(tmp_path: Path) -> None:
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.FORK, keep_last=2)) as ckpt:
+        for step in range(1, 6):  # back-to-back saves: A/B arenas, one writer at a time
+            ckpt.save(step, state)
+            state["optim"].step()
+        ckpt.wait()
+        assert [c.step for c in ckpt.list()] == [4, 5]
+    assert (tmp_path / "latest").read_text() == "step_0000000005"
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    with path.open("r+b") as fh:
+        fh.seek(offset)
+        b = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([b[0] ^ 0x40]))
+
+
+def test_corrupt_byte_detected_and_skipped(tmp_path: Path) -> None:
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.THREAD, keep_last=0)) as ckpt:
+        ckpt.save(1, state)
+        old = tensors_of(state)
+        state["optim"].step()
+        ckpt.save(2, state)
+        ckpt.wait()
+        shard = tmp_path / "step_0000000002" / "rank00000.safetensors"
+        _flip_byte(shard, shard.stat().st_size - 3)  # inside the last tensor
+        with pytest.raises(CorruptCheckpoint, match="checksum mismatch in tensor") as info:
+            verify(str(tmp_path / "step_0000000002"))
+        assert info.value.context["offset"] > 4096 and info.value.context["key"]
+        with pytest.raises(CorruptCheckpoint):
+            ckpt.restore(make_state(3), step=2)
+        fresh = make_state(3)
+        with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint"):
+            assert ckpt.restore(fresh) == 1
+    assert_bitwise(tensors_of(fresh), old)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header", "manifest"])
+def test_damaged_checkpoint_never_selected(tmp_path: Path, damage: str) -> None:
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.SYNC, keep_last=0)) as ckpt:
+        ckpt.save(1, state)
+        ckpt.save(2, state)
+        step2 = tmp_path / "step_0000000002"
+        shard = step2 / "rank00000.safetensors"
+        if damage == "truncate":
+            os.truncate(shard, shard.stat().st_size - 1)
+        elif damage == "header":
+            _flip_byte(shard, 20)
+        else:
+            (step2 / "manifest.json").write_text('{"format": "carina.ckpt", "version": 1')
+        with pytest.raises(CorruptCheckpoint):
+            verify(str(step2))
+        with pytest.warns(RuntimeWarning):
+            assert ckpt.restore(make_state(1)) == 1
+
+
+def test_failed_write_surfaces(tmp_path: Path, writer: str) -> None:
+    root = tmp_path / "ck"
+    state = make_state(0)
+    ckpt = Checkpointer(Config(dir=str(root), writer=WriterKind(writer)))
+    shutil.rmtree(root)
+    root.write_text("not a directory")  # every write below the root now fails
+    with pytest.raises(CheckpointError):
+        ckpt.save(1, state)
+        ckpt.wait()
+    ckpt.close()
+
+
+def test_restore_without_checkpoint(tmp_path: Path) -> None:
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.SYNC)) as ckpt:
+        with pytest.raises(CheckpointError, match="no committed"):
+            ckpt.restore(make_state(0))
+        with pytest.raises(CheckpointError, match="step 3"):
+            ckpt.restore(make_state(0), step=3)
+
+
+def test_restore_missing_key(tmp_path: Path) -> None:
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.SYNC)) as ckpt:
+        ckpt.save(1, {"model": make_state(0)["model"]})
+        with pytest.raises(CheckpointError, match="lacks state 'optim'"):
+            ckpt.restore(make_state(0))
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    rc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True).returncode
+    if rc != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_disk_full_fails_cleanly(small_fs: Path) -> None:
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(small_fs), writer=WriterKind.FORK, keep_last=0)) as ckpt:
+        ckpt.save(1, state)
+        ckpt.wait()
+        big = {"model": state["model"], "blob": torch.zeros(1 << 16)}  # 256 KiB: cannot fit
+        with pytest.raises(DeviceFull):
+            ckpt.save(2, {**state, **big})
+            ckpt.wait()
+        assert committed_steps(str(small_fs)) == [1]
+        assert [p for p in os.listdir(small_fs) if p.endswith(".tmp")] == []
+        verify(str(small_fs / "step_0000000001"))
+        assert ckpt.restore(make_state(2)) == 1
+
+
+def test_missing_rank_fails_commit(tmp_path: Path) -> None:
+    from carina.ckpt.commit import CommitJob, run_job
+    from carina.ckpt.layout import plan_layout
+
+    layout = plan_layout([("w", "F32", (4,))])
+    image = memoryview(layout.header + bytes(16))
+    job = CommitJob(root=str(tmp_path), step=7, token="ab12", rank=0, world_size=2, header=layout.header,
+                    slots=layout.slots, objects={}, keep_last=0, commit_timeout_s=0.2)  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"ranks \[1\] did not finish"):
+        run_job(job, image)
+    assert committed_steps(str(tmp_path)) == []
+    # Other ranks may still write into the attempt's directory: it stays as debris
+    # that restore ignores and the next commit prunes.
+    assert [p.endswith(".tmp") for p in os.listdir(tmp_path)] == [True]
+
+
+def test_process_writer_refuses_small_shm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from carina.ckpt import shm
+    from carina.core.errors import CapacityError
+
+    class Tiny:
+        f_bavail, f_frsize = 1, 4096
+
+    monkeypatch.setattr(shm.os, "statvfs", lambda _: Tiny())
+    with pytest.raises(CapacityError, match="/dev/shm"):
+        shm.SharedArena(1 << 20)

@@ -1,0 +1,36 @@
+"""CUDA path: side-stream staging into pinned arenas, forked/spawned writers, restore onto the GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from carina.ckpt import Checkpointer, Config, WriterKind
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("writer", ["fork", "process", "thread"])
+def test_cuda_snapshot_is_the_pre_step_state(tmp_path: Path, writer: str) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)], torch.nn.BatchNorm1d(1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(256, 1024, device="cuda")
+    model(x).square().mean().backward()
+    opt.step()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind(writer))) as ckpt:
+        ckpt.save(1, {"model": model, "optim": opt})
+        model(x).square().mean().backward()  # updates BatchNorm buffers right after the snapshot
+        opt.step()  # the pre-step hook waits for staging: the snapshot keeps the pre-step values
+        assert ckpt._stager._bufs[0][1].pinned  # type: ignore[index]
+        ckpt.wait()
+        torch.manual_seed(1)
+        fresh = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)], torch.nn.BatchNorm1d(1024)).cuda()
+        fopt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+        assert ckpt.restore({"model": fresh, "optim": fopt}) == 1
+    for k, v in expected.items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    assert fresh[0].weight.is_cuda

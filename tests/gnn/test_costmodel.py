@@ -1,0 +1,122 @@
+import math
+
+import pytest
+
+from carina.core.errors import CapacityError, ConfigError
+from carina.gnn.costmodel import MachineSpec, Overlap, WorkloadProfile, best_gap_pages, hit_rate, predict, recommend
+
+
+def _work(**kw):
+    base = dict(
+        num_nodes=1_000_000,
+        row_bytes=4096,
+        row_stride=4096,
+        batch_size=1000,
+        batches_per_epoch=100,
+        unique_per_batch=100_000.0,
+        sample_s=0.01,
+        compute_s=0.02,
+        hotness_curve=[0.0, 1.0],
+    )
+    base.update(kw)
+    return WorkloadProfile(**base)
+
+
+def _machine(**kw):
+    base = dict(ssd_count=1, ssd_read_gbps=4.096, ssd_iops=1_000_000.0, pcie_gbps=40.96, host_gather_gbps=10.0)
+    base.update(kw)
+    return MachineSpec(**base)
+
+
+def test_disk_bound_closed_form():
+    # 100k misses of one page each over 1M rows: 10% have a missed predecessor, so 90k IOs
+    # at 1M IOPS = 0.09 s; 409.6 MB at 4.096 GB/s = 0.1 s: bandwidth bound
+    p = predict(_machine(), _work(), gpu_cache_rows=0, host_cache_rows=0)
+    assert p.disk_ios == pytest.approx(90_000)
+    assert p.stages["disk"] == pytest.approx(0.1)
+    assert p.stages["transfer"] == pytest.approx(100_000 * 4096 / 40.96e9)
+    assert p.bottleneck == "disk" and p.batch_s == pytest.approx(0.1)
+    assert p.epoch_s == pytest.approx(10.0)
+    two = predict(_machine(ssd_count=2), _work(), gpu_cache_rows=0, host_cache_rows=0)
+    assert two.stages["disk"] == pytest.approx(0.05)
+
+
+def test_serial_is_the_sum():
+    p = predict(_machine(), _work(), gpu_cache_rows=0, host_cache_rows=0, overlap=Overlap.SERIAL)
+    assert p.batch_s == pytest.approx(sum(p.stages.values()))
+
+
+def test_cache_hits_follow_the_curve():
+    work = _work(hotness_curve=[0.0, 0.8, 0.9, 1.0])  # top third of nodes take 80% of accesses
+    p = predict(_machine(), work, gpu_cache_rows=333_334, host_cache_rows=333_333)
+    assert p.gpu_hit == pytest.approx(0.8, abs=1e-5)
+    assert p.host_hit == pytest.approx(0.1, abs=1e-5)
+    assert p.stages["disk"] == pytest.approx(0.1 * 0.1, rel=1e-3)
+
+
+def test_all_cached_is_compute_bound():
+    p = predict(_machine(ssd_count=0), _work(), gpu_cache_rows=10**7, host_cache_rows=0)
+    assert p.stages["disk"] == 0 and p.bottleneck == "transfer+compute"
+    assert p.seeds_per_s == pytest.approx(1000 / 0.02)
+
+
+def test_no_ssd_with_misses_is_refused():
+    with pytest.raises(CapacityError):
+        predict(_machine(ssd_count=0), _work(), gpu_cache_rows=0, host_cache_rows=0)
+
+
+def test_small_rows_share_pages():
+    # 512 B rows: 8 per page; misses spread over the file touch P (1 - exp(-m/P)) pages
+    work = _work(row_bytes=512, row_stride=512, unique_per_batch=125_000.0)
+    p = predict(_machine(), work, gpu_cache_rows=0, host_cache_rows=0)
+    file_pages = 1_000_000 * 512 / 4096
+    assert p.disk_pages == pytest.approx(file_pages * (1 - math.exp(-125_000 / file_pages)))
+    assert p.disk_ios < p.disk_pages
+
+
+def test_hit_rate_interpolates():
+    assert hit_rate([0.0, 0.5, 1.0], 0.25) == pytest.approx(0.25)
+    assert hit_rate([0.0, 0.5, 1.0], 2.0) == 1.0
+
+
+def test_recommend_picks_ssds_until_compute_bound():
+    m = _machine(gpu_mem_gb=8.0, host_mem_gb=16.0, bus_limit_gbps=64.0)
+    best, cands = recommend(m, _work(), max_ssds=8)
+    # disk time 0.1/k falls below compute 0.02 + transfer ~0.01 at k = 4; more SSDs only add cost
+    assert int(best.config["ssd_count"]) == 4
+    assert [int(c.config["ssd_count"]) for c in cands] == list(range(1, 9))
+    cheap, _ = recommend(m, _work(), budget_usd=m.base_price_usd + m.gpu_price_usd + 2 * m.ssd_price_usd)
+    assert int(cheap.config["ssd_count"]) == 2
+    with pytest.raises(CapacityError):
+        recommend(m, _work(), budget_usd=100.0)
+
+
+def test_configs_validate():
+    with pytest.raises(ConfigError):
+        _work(hotness_curve=[0.0, 0.7, 0.6, 1.0])
+    with pytest.raises(ConfigError):
+        _machine(ssd_iops=0.0)
+
+
+def test_best_gap_pages_closed_form():
+    # 1.6384 GB/s over 10k IOPS = 163,840 B = 40 pages per IO for free: holes up to 39 pages
+    assert best_gap_pages(_machine(ssd_read_gbps=1.6384, ssd_iops=10_000.0)) == 39
+    assert best_gap_pages(_machine(ssd_read_gbps=4.096, ssd_iops=1_000_000.0)) == 0
+
+
+@pytest.mark.parametrize("gap", [0, 3, 20])
+def test_disk_model_matches_the_store_page_planner(gap):
+    """The model's pages and IOs for uniform misses agree with page_runs on a real draw."""
+    import numpy as np
+
+    from carina.gnn.store import page_runs
+
+    n, stride, misses = 400_000, 512, 20_000
+    rng = np.random.default_rng(0)
+    ids = rng.choice(n, size=misses, replace=False)
+    pages = np.unique(ids * stride // 4096)
+    runs = page_runs(pages, gap_pages=gap, max_run_pages=1 << 20)
+    work = _work(num_nodes=n, row_bytes=stride, row_stride=stride, unique_per_batch=float(misses))
+    p = predict(_machine(), work, gpu_cache_rows=0, host_cache_rows=0, gap_pages=gap)
+    assert p.disk_pages == pytest.approx(runs.total_pages, rel=0.03)
+    assert p.disk_ios == pytest.approx(runs.run_first.size, rel=0.03, abs=5)

@@ -1,0 +1,74 @@
+import threading
+import time
+
+import pytest
+import torch
+
+from carina.core.errors import ConfigError
+from carina.gnn.pipeline import FeaturePipeline
+from carina.gnn.sampler import SampledBatch
+
+
+class CountingSource:
+    """Tracks how many batches are alive between plan and the consumer's release."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at = fail_at
+        self.planned = 0
+
+    def plan(self, n_id):
+        self.planned += 1
+        return n_id
+
+    def read(self, plan):
+        if self.fail_at is not None and int(plan[0]) == self.fail_at:
+            raise OSError("disk on fire")
+        return plan.to(torch.float32)
+
+    def assemble(self, plan, missing):
+        return missing.unsqueeze(1)
+
+
+def _batches(n):
+    for i in range(n):
+        yield SampledBatch(
+            n_id=torch.tensor([i, i + 1000]), edge_index=torch.zeros(2, 0, dtype=torch.int64), batch_size=1, index=i
+        )
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_bound_holds_with_slow_consumer(depth):
+    src = CountingSource()
+    pipe = FeaturePipeline(_batches(20), src, depth=depth)
+    seen = []
+    for _batch, x in pipe:
+        time.sleep(0.005)  # the consumer is the bottleneck: producers must wait
+        assert src.planned - len(seen) <= depth
+        seen.append(int(x[0, 0]))
+    assert seen == list(range(20))
+    assert pipe.max_in_flight == depth
+    assert pipe.times.batches == 20
+
+
+def test_errors_reach_the_consumer():
+    pipe = FeaturePipeline(_batches(10), CountingSource(fail_at=4), depth=3)
+    got = []
+    with pytest.raises(OSError, match="disk on fire"):
+        for b, _ in pipe:
+            got.append(b.index)
+    assert got == [0, 1, 2, 3]
+    assert not [t for t in threading.enumerate() if t.name.startswith("gnn-")]
+
+
+def test_early_exit_stops_threads():
+    pipe = FeaturePipeline(_batches(100), CountingSource(), depth=2)
+    for b, _ in pipe:
+        if b.index == 3:
+            break
+    pipe.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("gnn-")]
+
+
+def test_depth_must_be_positive():
+    with pytest.raises(ConfigError):
+        FeaturePipeline(_batches(1), CountingSource(), depth=0)

@@ -1,0 +1,135 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carina.core.errors import CapacityError, ConfigError
+from carina.gnn.cache import CacheConfig, StaticCache, degree_hotness, presample_hotness
+from carina.gnn.dataset import PAGE, PrepareConfig, prepare
+from carina.gnn.graph import node_features
+from carina.gnn.sampler import NeighborSampler
+from carina.gnn.store import OutOfCoreFeatures, StoreConfig, page_runs
+from carina.io import IOConfig, IOEngine
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with IOEngine(IOConfig(queue_depth=32, workers=2)) as eng:
+        yield eng
+
+
+def _store(ds, engine, gpu_rows=0, host_rows=0, **cfg):
+    s = OutOfCoreFeatures(ds, engine=engine, config=StoreConfig(**cfg))
+    m = ds.manifest
+    cache = StaticCache(
+        hotness=degree_hotness(ds.graph),
+        config=CacheConfig(gpu_rows=gpu_rows, host_rows=host_rows),
+        dim=m.feature_dim,
+        dtype=m.torch_dtype,
+        device="cpu",
+        fetch=s.read_rows,
+    )
+    s.attach_cache(cache)
+    return s
+
+
+@pytest.mark.parametrize("gpu_rows,host_rows", [(0, 0), (300, 0), (0, 500), (200, 700), (4096, 0)])
+def test_rows_bit_exact_on_every_path(small_dataset, engine, gpu_rows, host_rows):
+    s = _store(small_dataset, engine, gpu_rows, host_rows)
+    b = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=0).sample(small_dataset.train_idx[:200])
+    x = s.gather(b.n_id)
+    assert torch.equal(x, node_features(b.n_id, dim=100, seed=3))
+    st_ = s.stats
+    assert st_.rows == b.n_id.numel() == st_.gpu_hits + st_.host_hits + st_.misses
+    assert st_.gpu_hits <= gpu_rows and st_.host_hits <= host_rows
+    if gpu_rows + host_rows == 0:
+        assert st_.misses == b.n_id.numel()
+    s.close()
+
+
+@pytest.mark.parametrize("dim,dtype", [(1024, "float32"), (1500, "float32"), (64, "float16"), (7, "bfloat16")])
+def test_row_layouts(tmp_path, engine, dim, dtype):
+    ds = prepare(PrepareConfig(num_nodes=700, avg_degree=4, feature_dim=dim, dtype=dtype, seed=1), tmp_path)
+    s = _store(ds, engine, 50, 50)
+    ids = torch.tensor([699, 0, 1, 2, 350, 351, 17, 698])
+    assert torch.equal(s.gather(ids), node_features(ids, dim=dim, seed=1, dtype=ds.manifest.torch_dtype))
+    assert torch.equal(s.read_rows(torch.arange(700)), ds.read_all_features())
+
+
+def test_pages_are_deduplicated_and_coalesced(small_dataset, engine):
+    s = _store(small_dataset, engine)
+    rows_per_page = PAGE // small_dataset.manifest.row_stride  # 8 rows of 512 B
+    ids = torch.arange(0, 64)  # 8 whole pages, consecutive
+    s.gather(ids)
+    assert s.stats.pages == 64 // rows_per_page and s.stats.ios == 1
+    assert s.stats.bytes_read == 8 * PAGE
+
+
+def test_gap_pages_trade_bytes_for_ios(small_dataset, engine):
+    ids = torch.tensor([0, 16, 32, 48])  # pages 0, 2, 4, 6
+    tight = _store(small_dataset, engine, gap_pages=0)
+    tight.gather(ids)
+    loose = _store(small_dataset, engine, gap_pages=1)
+    x = loose.gather(ids)
+    assert tight.stats.ios == 4 and tight.stats.pages == 4
+    assert loose.stats.ios == 1 and loose.stats.pages == 7
+    assert torch.equal(x, node_features(ids, dim=100, seed=3))
+
+
+def test_read_rows_rejects_out_of_range(small_dataset, engine):
+    s = _store(small_dataset, engine)
+    with pytest.raises(ConfigError):
+        s.read_rows(torch.tensor([4096]))
+
+
+def test_cache_prefers_hot_nodes(small_dataset, engine):
+    s = _store(small_dataset, engine, gpu_rows=100, host_rows=100)
+    hot = degree_hotness(small_dataset.graph)
+    top = torch.sort(hot, descending=True, stable=True).indices
+    lk = s.cache.lookup(top[:300])
+    assert lk.gpu_pos.numel() == 100 and lk.host_pos.numel() == 100 and lk.miss_ids.numel() == 100
+    assert torch.equal(s.cache.gpu, node_features(top[:100].sort().values, dim=100, seed=3))
+
+
+def test_cache_budget_refused_before_allocating(small_dataset):
+    with pytest.raises(CapacityError):
+        StaticCache(
+            hotness=torch.ones(4096),
+            config=CacheConfig(host_rows=4096),
+            dim=100,
+            dtype=torch.float32,
+            device="cpu",
+            fetch=lambda ids: torch.zeros(ids.numel(), 100),
+            host_budget_bytes=1000,
+        )
+
+
+def test_presample_hotness_counts():
+    counts = presample_hotness([torch.tensor([0, 2]), torch.tensor([2, 3])], 5)
+    assert counts.tolist() == [1, 0, 2, 1, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 500), min_size=0, max_size=80, unique=True),
+    st.integers(0, 3),
+    st.integers(1, 8),
+)
+def test_page_runs_cover_each_page_once(pages, gap, max_run):
+    p = np.array(sorted(pages), dtype=np.int64)
+    runs = page_runs(p, gap_pages=gap, max_run_pages=max_run)
+    assert (runs.run_pages <= max_run).all()
+    covered = (
+        np.concatenate([np.arange(f, f + n) for f, n in zip(runs.run_first, runs.run_pages, strict=True)])
+        if p.size
+        else p
+    )
+    assert np.unique(covered).size == covered.size  # no page read twice
+    assert set(p.tolist()) <= set(covered.tolist())
+    assert runs.total_pages == covered.size
+    if p.size:
+        pos = runs.buffer_page(p)
+        assert np.array_equal(covered[pos], p)  # every needed page found where the buffer holds it
+    if gap == 0 and p.size:
+        assert runs.total_pages == p.size  # no gap pages read

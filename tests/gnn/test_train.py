@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from carina.gnn.cache import CacheConfig, HotnessSource
+from carina.gnn.runner import Compare, RunConfig, run_training, train_once
+from carina.gnn.sampler import NeighborSampler
+from carina.gnn.train import GNN, InMemoryFeatures, ModelKind, TrainConfig, train_step
+from carina.testing.gnn import InMemoryFeatureStore
+
+
+def _cfg(model="sage", depth=3, hot="presample", gpu=300, host=600, batches=5):
+    return RunConfig(
+        train=TrainConfig(
+            model=ModelKind(model), hidden=32, fanouts=[10, 5], batch_size=64, max_batches=batches, pipeline_depth=depth
+        ),
+        cache=CacheConfig(gpu_rows=gpu, host_rows=host, hotness=HotnessSource(hot), presample_batches=3),
+        compare=Compare.IN_MEMORY,
+    )
+
+
+@pytest.mark.parametrize("model,depth,hot", [("sage", 3, "presample"), ("gcn", 2, "degree"), ("sage", 1, "degree")])
+def test_out_of_core_losses_equal_in_memory(small_dataset, model, depth, hot):
+    report = run_training(small_dataset, _cfg(model, depth, hot))
+    assert report.losses_equal is True
+    assert report.out_of_core["losses"] == report.in_memory["losses"]
+    assert len(report.out_of_core["losses"]) == 5
+    assert report.out_of_core["max_in_flight"] <= depth
+    f = report.fetch
+    assert f["misses"] > 0 and f["gpu_hits"] > 0 and f["host_hits"] > 0
+    assert f["rows"] == f["gpu_hits"] + f["host_hits"] + f["misses"]
+
+
+def test_losses_match_plain_pyg_feature_store_path(small_dataset):
+    """The same steps driven by PyG's FeatureStore API (reference store) give the same losses."""
+    cfg = _cfg(batches=4)
+    ooc = run_training(small_dataset, cfg).out_of_core["losses"]
+    fs = InMemoryFeatureStore()
+    fs.put_tensor(small_dataset.read_all_features(), group_name=None, attr_name="x", index=None)
+    torch.manual_seed(cfg.train.seed)
+    m = small_dataset.manifest
+    model = GNN(ModelKind.SAGE, m.feature_dim, 32, m.num_classes, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
+    sampler = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=cfg.train.seed)
+    losses = []
+    for i, b in enumerate(sampler.batches(small_dataset.train_idx, 64)):
+        if i == 4:
+            break
+        data = b.to_data(fs.get_tensor(group_name=None, attr_name="x", index=b.n_id))
+        losses.append(train_step(model, opt, b, data.x, small_dataset.labels))
+    assert losses == ooc
+
+
+def test_model_learns(small_dataset):
+    cfg = _cfg(batches=0, gpu=0, host=0)
+    cfg.train.lr = 0.01
+    feats = InMemoryFeatures(small_dataset.read_all_features())
+    first = train_once(small_dataset, cfg, feats).losses
+    assert sum(first[-2:]) / 2 < first[0] * 0.9
+
+
+def test_no_baseline_when_not_asked(small_dataset):
+    cfg = _cfg(batches=2)
+    cfg.compare = Compare.NONE
+    report = run_training(small_dataset, cfg)
+    assert report.in_memory is None and report.losses_equal is None
