@@ -43,6 +43,9 @@ def test_json_shape(report_json):
     assert set(report["extras"]) == set(EXTRAS)
     assert [t["name"] for t in report["tools"]] == list(SYSTEM_TOOLS)
     assert all({"what", "fix"} <= set(m) for m in report["missing"])
+    from carina.io.backends import choose_backend
+
+    assert report["io_backend"]["backend"] == choose_backend("auto").backend.name
 
 
 def test_tells_the_truth_about_this_machine(report_json):

@@ -47,7 +47,19 @@ def doctor(
     from carina.core.doctor import collect
 
     report = collect(paths or [Path()], tools=not no_tools)
-    show(report, json_out=json_out)
+    show(report, json_out=json_out, io=_io_choice())
+
+
+def _io_choice() -> dict[str, object]:
+    """Which carina.io backend ``auto`` picks here, and why it skipped the others."""
+    from carina.core.errors import BackendUnavailable
+    from carina.io.backends import choose_backend
+
+    try:
+        selection = choose_backend("auto")
+    except BackendUnavailable as exc:
+        return {"backend": None, "reason": str(exc)}
+    return {"backend": selection.backend.name, "skipped": selection.skipped}
 
 
 def main() -> None:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from carina.core.doctor import Report
-from carina.core.progress import console, emit_json, print_table
+from carina.core.progress import console, emit_json, print_table, to_jsonable
 
 
 def _gb(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def show(report: Report, *, json_out: bool) -> None:
-    """Print ``report``: JSON to stdout, or a few rich tables."""
+def show(report: Report, *, json_out: bool, io: dict[str, Any] | None = None) -> None:
+    """Print ``report`` (and the IO backend choice): JSON to stdout, or a few rich tables."""
     if json_out:
-        emit_json(report)
+        emit_json({**to_jsonable(report), "io_backend": io})
         return
     t = report.torch
     gpus = "; ".join(f"{g['name']} {_gb(g['memory_bytes'])} cc {g['compute_capability']}" for g in t["gpus"])
@@ -30,6 +32,9 @@ def show(report: Report, *, json_out: bool) -> None:
         ("pinned memory", "yes" if report.pinned_memory["works"] else "no", report.pinned_memory["reason"]),
         ("io_uring", "yes" if report.io_uring["available"] else "no", report.io_uring["reason"]),
     ]
+    if io is not None:
+        skipped = "; ".join(f"skipped {n}: {', '.join(r)}" for n, r in (io.get("skipped") or {}).items())
+        rows.append(("io backend", str(io.get("backend")), skipped or str(io.get("reason", ""))))
     for p in report.paths:
         rows.append(
             (

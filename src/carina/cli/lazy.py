@@ -37,7 +37,7 @@ SUBCOMMANDS: tuple[SubApp, ...] = (
     SubApp("train", "carina.offload.train_cli", "Train a model larger than GPU memory (the main job)."),
     SubApp("offload", "carina.offload.cli", "Profile, plan and inspect offloaded training."),
     SubApp("gnn", "carina.gnn.cli", "Out-of-core GNN training, cost model and GPU placement."),
-    SubApp("ckpt", "carina.ckpt.cli", "Checkpoint-restart: list, verify, restore, bench."),
+    SubApp("ckpt", "carina.ckpt.cli", "Checkpoint-restart: list, verify, inspect, prune, bench."),
     SubApp("cluster", "carina.infra.cluster.cli", "GPU node validation, collectives, scaling model."),
     SubApp("provision", "carina.infra.provision.cli", "Bare-metal provisioning from network boot drives."),
     SubApp("storage", "carina.infra.storage.cli", "Storage middle tier with offloaded compression."),
