@@ -87,4 +87,4 @@ def test_records_do_not_name_this_checkouts_path():
         name="p", figures=[], config={"dir": str(_REPO / "x")}, command=f"{_REPO}/bench.py", environment=env
     )
     assert str(_REPO) not in json.dumps(rec)
-    assert rec["environment"]["python"]["executable"] == "$REPO/.venv/bin/python"
+    assert rec["environment"]["python"]["executable"] == "python"

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from carina.core.config import VERSION_KEY, Config, require
+from carina.core.config import VERSION_KEY, Config, choice, require
 from carina.errors import ConfigError
 
 
@@ -141,3 +141,11 @@ def test_malformed_text_is_a_config_error(tmp_path):
         Outer.from_json("{")
     with pytest.raises(ConfigError):
         Outer.load(tmp_path / "missing.toml")
+
+
+def test_choice_parses_enum_values_and_names_the_key():
+    assert choice(Tier, "host", key="tier") is Tier.HOST
+    assert choice(Tier, Tier.HOST, key="tier") is Tier.HOST
+    with pytest.raises(ConfigError) as info:
+        choice(Tier, "floppy", key="tier")
+    assert info.value.context["key"] == "tier" and "floppy" in str(info.value)

@@ -175,6 +175,9 @@ def make_record(
     sha, dirty = git_state()
     cfg = config.to_dict() if hasattr(config, "to_dict") else to_jsonable(config)
     environment, cmd, cfg = scrub_paths(dict(environment)), scrub_paths(cmd), scrub_paths(cfg)
+    if isinstance(environment.get("python"), dict) and "executable" in environment["python"]:
+        # The interpreter's location names the machine; its version is what matters.
+        environment["python"] = {**environment["python"], "executable": Path(environment["python"]["executable"]).name}
     return {
         "schema": SCHEMA,
         "name": name,

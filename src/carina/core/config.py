@@ -30,11 +30,11 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from carina.core.errors import ConfigError
 
-__all__ = ["VERSION_KEY", "Config", "require"]
+__all__ = ["VERSION_KEY", "Config", "choice", "require"]
 
 #: Key under which a serialised config records its schema version.
 VERSION_KEY = "config_version"
@@ -44,6 +44,15 @@ def require(condition: bool, message: str, *, key: str) -> None:
     """Raise :class:`ConfigError` naming ``key`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(message, key=key)
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def choice(kind: type[E], value: str | E, *, key: str) -> E:
+    """``value`` as a member of the enum ``kind`` (for CLI options); :class:`ConfigError` lists the choices."""
+    member: E = _coerce_scalar(value, kind, key)
+    return member
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -9,7 +9,7 @@ from carina.offload.disagg.control import WorkerDied
 from carina.offload.disagg.demo import lm_loss, synthetic_batch, tiny_llama
 from carina.offload.disagg.layout import SharedLayout, assign_shards
 from carina.offload.disagg.server import make_optimizer
-from carina.testing.disagg import DIE_AT_STEP, DYING_WORKER, dying_batch
+from carina.testing.disagg import DIE_AT_STEP, DYING_WORKER, dying_batch, frozen_embedding_llama
 
 STEPS = 3
 
@@ -113,3 +113,21 @@ def test_two_hosts_exchange_through_gloo_and_agree(tmp_path):
         assert torch.equal(results[0]["masters"][name], results[1]["masters"][name]), name
         torch.testing.assert_close(results[0]["masters"][name], value, rtol=1e-5, atol=1e-6)
     assert results[0]["losses"][0] + results[1]["losses"][0] == pytest.approx(ref_losses[0], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_frozen_parameters_stay_out_of_the_segment():
+    cfg = DisaggConfig(workers=2, ps_shards=2, device="cpu", lr=1e-2)
+    result = launch(cfg, steps=2, model_fn=frozen_embedding_llama)
+    model = frozen_embedding_llama()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(trainable, cfg)
+    for k in range(2):
+        for r in range(2):
+            (lm_loss(model, synthetic_batch(k, r, 2)) / 2).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert sorted(result.masters) == sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(result.masters[name], p.detach()), name

@@ -106,7 +106,6 @@ def launch(
         WorkerDied: A worker died; the error names it and the masters stay at the last full step.
         CapacityError: The shared segment does not fit ``cfg.shm_dir`` (before anything starts).
     """
-    import torch
     import torch.multiprocessing as mp
 
     # A fork server that has imported torch and transformers once (and never touched CUDA):
@@ -141,17 +140,32 @@ def launch(
             s.start()
         for p in [*workers, *servers]:
             p.join()
-        done = min(control.done_step(s) for s in range(cfg.ps_shards))
-        masters = {slot.name: view(segment, slot.master, slot.shape, torch.float32).clone() for slot in layout.slots}
-        if control.aborted or any(p.exitcode for p in workers):
-            dead = control.dead_worker
-            if dead is None:
-                dead = next(i for i, p in enumerate(workers) if p.exitcode)
-            raise WorkerDied(f"worker {dead} died; parameter server state kept at step {done}", worker=dead, step=done)
-        if any(p.exitcode for p in servers):
-            raise CarinaError("a parameter-server shard failed", exitcodes=[p.exitcode for p in servers])
-        per_worker = [json.loads((job / f"losses{r}.json").read_text()) for r in range(cfg.workers)]
-        losses = [sum(ws[k] for ws in per_worker) for k in range(steps)]
-        return LaunchResult(losses=losses, masters=masters, steps_done=done)
+        return _outcome(cfg, job, steps, (layout, segment, control), workers, servers)
     finally:
         shutil.rmtree(job, ignore_errors=True)
+
+
+def _outcome(
+    cfg: DisaggConfig,
+    job: Path,
+    steps: int,
+    shared: tuple[SharedLayout, Any, Control],
+    workers: list[Any],
+    servers: list[Any],
+) -> LaunchResult:
+    """The finished job's result, or the error naming what died (masters stay at the last full step)."""
+    import torch
+
+    layout, segment, control = shared
+    done = min(control.done_step(s) for s in range(cfg.ps_shards))
+    masters = {slot.name: view(segment, slot.master, slot.shape, torch.float32).clone() for slot in layout.slots}
+    if control.aborted or any(p.exitcode for p in workers):
+        dead = control.dead_worker
+        if dead is None:
+            dead = next(i for i, p in enumerate(workers) if p.exitcode)
+        raise WorkerDied(f"worker {dead} died; parameter server state kept at step {done}", worker=dead, step=done)
+    if any(p.exitcode for p in servers):
+        raise CarinaError("a parameter-server shard failed", exitcodes=[p.exitcode for p in servers])
+    per_worker = [json.loads((job / f"losses{r}.json").read_text()) for r in range(cfg.workers)]
+    losses = [sum(ws[k] for ws in per_worker) for k in range(steps)]
+    return LaunchResult(losses=losses, masters=masters, steps_done=done)

@@ -1,0 +1,173 @@
+"""Typed configs of the storage middle tier: store, payload engine, front end."""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carina.core.config import Config, require
+from carina.core.errors import ConfigError
+from carina.infra.storage.codecs import Codec
+
+__all__ = [
+    "CodecName",
+    "EngineConfig",
+    "EngineKind",
+    "LoopKind",
+    "ServerConfig",
+    "StoreConfig",
+    "TierConfig",
+    "parse_size",
+]
+
+
+class CodecName(enum.Enum):
+    """Codec used for new blocks (stored blocks keep the codec they were written with)."""
+
+    RAW = "raw"
+    ZLIB = "zlib"
+    LZ4 = "lz4"
+    ZSTD = "zstd"
+    ZVC = "zvc"
+
+    @property
+    def codec(self) -> Codec:
+        """The on-disk codec id."""
+        return Codec[self.name]
+
+
+class LoopKind(enum.Enum):
+    """The event loop of the front end."""
+
+    AUTO = "auto"  # uvloop when installed, else asyncio
+    ASYNCIO = "asyncio"
+    UVLOOP = "uvloop"
+
+
+class EngineKind(enum.Enum):
+    """Where payloads are (de)compressed."""
+
+    INLINE = "inline"  # in the front end's own thread: header and payload in one process
+    PROCESS = "process"  # a pool of worker processes sharing the payload arena
+    TORCH = "torch"  # batched torch kernels (ZVC) on a GPU, or on the CPU with the same code
+
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Parse ``4096``, ``64K``, ``1M``, ``2G`` (binary units) into bytes.
+
+    Raises:
+        ConfigError: The text is not a size.
+    """
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*", text)
+    if not m:
+        raise ConfigError(f"{text!r} is not a size like 64K or 1G", key="size")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(kw_only=True)
+class StoreConfig(Config):
+    """The back end: compressed blocks in an append-only log plus a block map.
+
+    Attributes:
+        path: Directory holding ``data.log`` and ``map.bin``.
+        size: Export size in bytes (fixed when the store is created).
+        block_size: Unit of compression and of the block map (power of two, 512 B to 1 MiB).
+        codec: Codec for newly written blocks.
+        checkpoint_bytes: Log growth after which a FLUSH also rewrites the block map.
+    """
+
+    path: Path = Path("carina-store")
+    size: int = 1 << 30
+    block_size: int = 64 << 10
+    codec: CodecName = CodecName.LZ4
+    checkpoint_bytes: int = 256 << 20
+
+    def validate(self) -> None:
+        """Check sizes."""
+        require(
+            _power_of_two(self.block_size) and 512 <= self.block_size <= 1 << 20,
+            "block_size must be a power of two between 512 B and 1 MiB",
+            key="block_size",
+        )
+        require(self.size > 0 and self.size % self.block_size == 0, "size must be a multiple of block_size", key="size")
+        require(self.checkpoint_bytes > 0, "checkpoint_bytes must be positive", key="checkpoint_bytes")
+
+
+@dataclass(kw_only=True)
+class EngineConfig(Config):
+    """The payload engine.
+
+    Attributes:
+        kind: ``inline``, ``process`` or ``torch``.
+        workers: Worker processes of the ``process`` engine.
+        device: Torch device of the ``torch`` engine (``auto``: CUDA when present, else CPU).
+    """
+
+    kind: EngineKind = EngineKind.PROCESS
+    workers: int = 2
+    device: str = "auto"
+
+    def validate(self) -> None:
+        """Check the worker count."""
+        require(1 <= self.workers <= 256, "workers must be between 1 and 256", key="workers")
+
+
+@dataclass(kw_only=True)
+class ServerConfig(Config):
+    """The NBD front end.
+
+    Attributes:
+        host: Address to listen on.
+        port: TCP port (0 picks a free one).
+        export: Export name clients ask for (``nbd://host:port/<export>``).
+        slots: Payload buffers in the arena: requests in flight before reading pauses.
+        slot_bytes: Payload bytes one slot holds; larger requests are processed in pieces.
+        loop: Event loop (``auto``: uvloop when installed).
+        stats_interval: Seconds between live-stats snapshots (written to ``<store>/stats.json``).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 10809
+    export: str = "carina"
+    slots: int = 32
+    slot_bytes: int = 1 << 20
+    loop: LoopKind = LoopKind.AUTO
+    stats_interval: float = 1.0
+
+    def validate(self) -> None:
+        """Check ranges."""
+        require(0 <= self.port < 65536, "port must be 0..65535", key="port")
+        require(0 < len(self.export.encode()) <= 4096, "export name must be 1..4096 bytes", key="export")
+        require(1 <= self.slots <= 4096, "slots must be 1..4096", key="slots")
+        require(_power_of_two(self.slot_bytes), "slot_bytes must be a power of two", key="slot_bytes")
+        require(self.stats_interval > 0, "stats_interval must be positive", key="stats_interval")
+
+
+@dataclass(kw_only=True)
+class TierConfig(Config):
+    """The whole middle tier: store, engine and front end."""
+
+    store: StoreConfig = field(default_factory=StoreConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def validate(self) -> None:
+        """Check that the pieces fit together."""
+        require(
+            self.server.slot_bytes >= self.store.block_size,
+            "server.slot_bytes must be at least store.block_size",
+            key="server.slot_bytes",
+        )
+        if self.store.codec == CodecName.ZVC:
+            require(self.store.block_size % 8 == 0, "zvc needs block_size % 8 == 0", key="store.codec")

@@ -1,0 +1,366 @@
+"""Payload engines: where blocks are compressed and decompressed.
+
+Every engine owns an :class:`Arena`, one flat buffer that the front end
+receives payloads into and sends replies from, and runs :data:`~carina.infra.
+storage.codecs.Job` lists against it. Jobs submitted in the same event-loop
+turn are coalesced into one batch, so small requests share a launch::
+
+    engine = build_engine(EngineConfig(kind=EngineKind.PROCESS, workers=2), arena_bytes=1 << 24)
+    results = await engine.run(jobs)        # list of (codec, out_len, crc)
+    engine.close()
+
+``inline`` runs jobs in the event loop's own thread (the single-process middle
+tier), ``process`` in worker processes that map the same arena (shared memory,
+no payload copies over pipes), ``torch`` in one thread driving batched ZVC
+kernels on a GPU or the CPU.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import mmap
+import os
+import signal
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from carina.core.backend import Backend
+from carina.core.errors import BackendUnavailable, IOEngineError
+from carina.infra.storage.codecs import Codec, Job, Result, codec_available, run_jobs
+from carina.infra.storage.config import EngineConfig, EngineKind
+
+__all__ = ["Arena", "InlineEngine", "PayloadEngine", "ProcessEngine", "TorchEngine", "build_engine"]
+
+log = logging.getLogger("carina.infra.storage")
+
+_Done = Callable[[list[Result] | BaseException], None]
+
+
+class Arena:
+    """A flat byte buffer, optionally backed by a file in ``/dev/shm`` that workers map.
+
+    Args:
+        nbytes: Size of the arena.
+        shared: Back it by a shared-memory file (for worker processes).
+    """
+
+    def __init__(self, nbytes: int, *, shared: bool = False) -> None:
+        self.nbytes = nbytes
+        self.path: Path | None = None
+        if shared:
+            folder = "/dev/shm" if Path("/dev/shm").is_dir() else None
+            fd, name = tempfile.mkstemp(prefix="carina-arena-", dir=folder)
+            try:
+                os.ftruncate(fd, nbytes)
+                self._mm = mmap.mmap(fd, nbytes)
+            finally:
+                os.close(fd)
+            self.path = Path(name)
+        else:
+            self._mm = mmap.mmap(-1, nbytes)
+        self.view = memoryview(self._mm)
+
+    def unlink(self) -> None:
+        """Remove the shared file (mappings stay valid); safe to call twice."""
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def close(self) -> None:
+        """Unmap the arena; views into it must be gone."""
+        self.unlink()
+        self.view.release()
+        with contextlib.suppress(BufferError):
+            self._mm.close()
+
+
+class PayloadEngine(Backend):
+    """Base of payload engines: coalesces submitted jobs and hands batches to ``_launch``."""
+
+    name = "?"
+
+    def __init__(self, arena: Arena) -> None:
+        self.arena = arena
+        self._pending: list[tuple[asyncio.Future[list[Result]], list[Job]]] = []
+        self._scheduled = False
+        self.batches = 0
+        self.jobs = 0
+
+    def unsupported_reasons(self, request: Any = None) -> list[str]:
+        """Reasons this engine cannot run codec ``request`` (a :class:`Codec`) here."""
+        if isinstance(request, Codec):
+            reason = codec_available(request)
+            return [reason] if reason else []
+        return []
+
+    async def run(self, jobs: Sequence[Job]) -> list[Result]:
+        """Run ``jobs`` (in one batch with any others submitted this loop turn)."""
+        if not jobs:
+            return []
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[Result]] = loop.create_future()
+        self._pending.append((fut, list(jobs)))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        flat = [job for _, jobs in pending for job in jobs]
+        self.batches += 1
+        self.jobs += len(flat)
+
+        def done(results: list[Result] | BaseException) -> None:
+            pos = 0
+            for fut, jobs in pending:
+                if fut.done():
+                    pos += len(jobs)
+                    continue
+                if isinstance(results, BaseException):
+                    fut.set_exception(results)
+                else:
+                    fut.set_result(results[pos : pos + len(jobs)])
+                pos += len(jobs)
+
+        try:
+            self._launch(flat, done)
+        except Exception as exc:  # noqa: BLE001 - fail the waiters, not the loop
+            done(exc)
+
+    @abc.abstractmethod
+    def _launch(self, jobs: list[Job], done: _Done) -> None:
+        """Start ``jobs``; call ``done`` (in the loop thread) with results or an exception."""
+
+    def close(self) -> None:
+        """Stop workers and unmap the arena."""
+        self.arena.close()
+
+
+class InlineEngine(PayloadEngine):
+    """Runs jobs in the event loop's thread: the single-process CPU middle tier."""
+
+    name = "inline"
+
+    def __init__(self, arena_bytes: int) -> None:
+        super().__init__(Arena(arena_bytes))
+
+    async def run(self, jobs: Sequence[Job]) -> list[Result]:
+        """Run ``jobs`` right here, before returning (no batching: there is nothing to hand off)."""
+        self.batches += 1
+        self.jobs += len(jobs)
+        return run_jobs(self.arena.view, jobs)
+
+    def _launch(self, jobs: list[Job], done: _Done) -> None:
+        done(run_jobs(self.arena.view, jobs))
+
+
+def _worker_main(conn: Any, path: str, nbytes: int) -> None:
+    """Worker process: map the arena, then run job batches until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd = os.open(path, os.O_RDWR)
+    mm = mmap.mmap(fd, nbytes)
+    os.close(fd)
+    view = memoryview(mm)
+    conn.send("ready")
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg is None:
+            break
+        batch_id, jobs = msg
+        try:
+            conn.send((batch_id, run_jobs(view, jobs)))
+        except Exception as exc:  # noqa: BLE001 - report to the parent, keep serving
+            conn.send((batch_id, IOEngineError(f"codec worker failed: {exc!r}")))
+
+
+class ProcessEngine(PayloadEngine):
+    """A pool of worker processes that map the arena; each batch is split across them."""
+
+    name = "process"
+
+    def __init__(self, arena_bytes: int, *, workers: int = 2) -> None:
+        import multiprocessing as mp
+
+        super().__init__(Arena(arena_bytes, shared=True))
+        ctx = mp.get_context("spawn")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        try:
+            for _ in range(workers):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker_main, args=(child, str(self.arena.path), arena_bytes), daemon=True)
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+            for conn in self._conns:
+                if not conn.poll(60) or conn.recv() != "ready":
+                    raise BackendUnavailable("a codec worker process did not start")
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self.arena.unlink()
+        self._next_id = 0
+        self._waiting: dict[int, tuple[list[Result | None], list[int], int, int, _Done]] = {}
+        self._outstanding = [0] * workers
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers."""
+        return [p.pid for p in self._procs]
+
+    def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        self._loop = loop
+        for i, conn in enumerate(self._conns):
+            loop.add_reader(conn.fileno(), self._on_reply, i)
+
+    def _launch(self, jobs: list[Job], done: _Done) -> None:
+        self._attach()
+        n = len(self._conns)
+        per = -(-len(jobs) // n)
+        results: list[Result | None] = [None] * len(jobs)
+        left = [0]
+        order = sorted(range(n), key=self._outstanding.__getitem__)
+        for k, start in enumerate(range(0, len(jobs), per)):
+            worker = order[k]
+            batch_id = self._next_id
+            self._next_id += 1
+            chunk = jobs[start : start + per]
+            left[0] += 1
+            self._waiting[batch_id] = (results, left, start, len(chunk), done)
+            self._outstanding[worker] += len(chunk)
+            self._conns[worker].send((batch_id, chunk))
+
+    def _on_reply(self, worker: int) -> None:
+        conn = self._conns[worker]
+        try:
+            while True:  # drain every reply that is ready, so a worker never blocks on a full pipe
+                self._deliver(worker, *conn.recv())
+                if not conn.poll():
+                    break
+        except (EOFError, OSError) as exc:
+            self._fail_all(IOEngineError(f"codec worker {worker} died: {exc!r}"))
+
+    def _deliver(self, worker: int, batch_id: int, out: list[Result] | BaseException) -> None:
+        results, left, start, count, done = self._waiting.pop(batch_id)
+        self._outstanding[worker] -= count
+        if isinstance(out, BaseException):
+            done(out)
+            return
+        results[start : start + len(out)] = out
+        left[0] -= 1
+        if left[0] == 0:
+            done([r for r in results if r is not None])
+
+    def _fail_all(self, exc: BaseException) -> None:
+        if self._loop is not None:
+            for conn in self._conns:
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(conn.fileno())
+        waiting, self._waiting = self._waiting, {}
+        for _, _, _, _, done in waiting.values():
+            done(exc)
+
+    def close(self) -> None:
+        """Tell workers to stop, join them, unmap the arena."""
+        if self._loop is not None and not self._loop.is_closed():
+            for conn in self._conns:
+                with contextlib.suppress(Exception):
+                    self._loop.remove_reader(conn.fileno())
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.send(None)
+        for proc in self._procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._conns = []
+        super().close()
+
+
+class TorchEngine(PayloadEngine):
+    """Batched ZVC kernels in torch on ``device`` (CUDA when present), one launch per batch."""
+
+    name = "torch"
+
+    def __init__(self, arena_bytes: int, *, device: str = "auto") -> None:
+        import torch
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise BackendUnavailable("torch engine asked for CUDA but none is visible", device=device)
+        super().__init__(Arena(arena_bytes))
+        self.device = device
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="carina-torch-codec")
+        self._pool.submit(self._warm_up).result()
+
+    def _warm_up(self) -> None:
+        """Run each kernel once so the first client request does not pay for lazy initialisation."""
+        import torch
+
+        from carina.infra.storage.zvc import zvc_compress, zvc_decompress
+
+        blocks = (torch.arange(1024, dtype=torch.int32) % 3).to(torch.uint8).view(2, 512).to(self.device)
+        bitmaps, _, values = zvc_compress(blocks)
+        zvc_decompress(bitmaps, values)
+
+    def unsupported_reasons(self, request: Any = None) -> list[str]:
+        """The torch engine runs ZVC (and stores raw); other codecs need a CPU engine."""
+        if isinstance(request, Codec) and request not in (Codec.ZVC, Codec.RAW):
+            return [f"the torch engine has no {request.name.lower()} kernel; use --codec zvc"]
+        return super().unsupported_reasons(request)
+
+    def _launch(self, jobs: list[Job], done: _Done) -> None:
+        loop = asyncio.get_running_loop()
+        fut = self._pool.submit(run_jobs, self.arena.view, jobs, device=self.device)
+
+        def finished(f: Future[list[Result]]) -> None:
+            exc = f.exception()
+            loop.call_soon_threadsafe(done, exc if exc is not None else f.result())
+
+        fut.add_done_callback(finished)
+
+    def close(self) -> None:
+        """Stop the launch thread, unmap the arena."""
+        self._pool.shutdown(wait=True)
+        super().close()
+
+
+def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> PayloadEngine:
+    """Build the engine ``config`` names and check it can run ``codec``.
+
+    Raises:
+        BackendUnavailable: The engine cannot run here or cannot run ``codec``.
+    """
+    engine: PayloadEngine
+    if config.kind == EngineKind.INLINE:
+        engine = InlineEngine(arena_bytes)
+    elif config.kind == EngineKind.PROCESS:
+        engine = ProcessEngine(arena_bytes, workers=config.workers)
+    else:
+        engine = TorchEngine(arena_bytes, device=config.device)
+    reasons = engine.unsupported_reasons(codec)
+    if reasons:
+        engine.close()
+        raise BackendUnavailable(f"{engine.name} engine cannot run {codec.name.lower()}: {'; '.join(reasons)}")
+    return engine

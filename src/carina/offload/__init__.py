@@ -1,0 +1,65 @@
+"""carina.offload: train and fine-tune models far larger than device memory.
+
+One verb, then the loop you already have::
+
+    import carina.offload as co
+    model, optimizer = co.wrap(model, co.Config(device_budget=24 << 30), optimizer=optimizer)
+    for batch in data:
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+Heavy modules (torch) are imported on first attribute access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from carina.offload.api import OffloadHandle, handle_of, wrap
+    from carina.offload.config import ActivationPolicy, ComputeDtype, OffloadConfig, OverlapMode
+    from carina.offload.planner import Plan, PlanBudgets, make_plan
+    from carina.offload.session import OffloadOptimizer
+
+    Config = OffloadConfig
+
+__all__ = [
+    "ActivationPolicy",
+    "ComputeDtype",
+    "Config",
+    "OffloadConfig",
+    "OffloadHandle",
+    "OffloadOptimizer",
+    "OverlapMode",
+    "Plan",
+    "PlanBudgets",
+    "handle_of",
+    "make_plan",
+    "wrap",
+]
+
+_LAZY = {
+    "wrap": ("carina.offload.api", "wrap"),
+    "handle_of": ("carina.offload.api", "handle_of"),
+    "OffloadHandle": ("carina.offload.api", "OffloadHandle"),
+    "OffloadConfig": ("carina.offload.config", "OffloadConfig"),
+    "Config": ("carina.offload.config", "OffloadConfig"),
+    "ActivationPolicy": ("carina.offload.config", "ActivationPolicy"),
+    "ComputeDtype": ("carina.offload.config", "ComputeDtype"),
+    "OverlapMode": ("carina.offload.config", "OverlapMode"),
+    "Plan": ("carina.offload.planner", "Plan"),
+    "PlanBudgets": ("carina.offload.planner", "PlanBudgets"),
+    "make_plan": ("carina.offload.planner", "make_plan"),
+    "OffloadOptimizer": ("carina.offload.session", "OffloadOptimizer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'carina.offload' has no attribute {name!r}")

@@ -1,0 +1,171 @@
+"""The one verb: ``model, optimizer = carina.offload.wrap(model, config, optimizer=opt)``.
+
+After wrapping, the user's loop keeps its shape (forward, ``loss.backward()``,
+``optimizer.step()``, ``optimizer.zero_grad()``, LR schedulers). Parameters
+live as float32 masters in host RAM and stream to the device block by block;
+``model.state_dict()`` returns the masters, ``model.load_state_dict()`` writes
+them, and the returned optimizer's ``state_dict()`` round-trips too.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from carina.core.errors import ConfigError
+from carina.memory.store import StoreStats, TensorStore, TierBudgets
+from carina.offload.blocks import find_blocks
+from carina.offload.config import ComputeDtype, OffloadConfig
+from carina.offload.planner import Plan, PlanBudgets, make_plan
+from carina.offload.runtime import OffloadRuntime
+from carina.offload.session import OffloadOptimizer
+from carina.offload.simulator import BlockProfile, Hardware, ModelProfile
+
+__all__ = ["OffloadHandle", "handle_of", "static_profile", "wrap"]
+
+_HANDLES: weakref.WeakKeyDictionary[nn.Module, OffloadHandle] = weakref.WeakKeyDictionary()
+_NOMINAL = Hardware(h2d=25e9, d2h=25e9, optim=2e9, disk=1.5e9)
+_DTYPES = {
+    ComputeDtype.FLOAT32: torch.float32,
+    ComputeDtype.BFLOAT16: torch.bfloat16,
+    ComputeDtype.FLOAT16: torch.float16,
+}
+
+
+class OffloadHandle:
+    """What carina keeps about a wrapped model: runtime, optimizer, ledger, plan."""
+
+    def __init__(self, runtime: OffloadRuntime, optimizer: OffloadOptimizer) -> None:
+        self.runtime = runtime
+        self.optimizer = optimizer
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in force (None while profiling)."""
+        return self.optimizer.plan
+
+    @property
+    def store(self) -> TensorStore:
+        """The per-tier ledger."""
+        return self.runtime.store
+
+    def stats(self) -> StoreStats:
+        """Bytes used, peak and budget per tier, bytes moved per route."""
+        return self.runtime.store.stats()
+
+    def close(self) -> None:
+        """Remove carina's hooks and forget the model (parameters stay where they are)."""
+        self.runtime.close()
+        _HANDLES.pop(self.runtime.model, None)
+
+
+def handle_of(model: nn.Module) -> OffloadHandle:
+    """The :class:`OffloadHandle` of a wrapped model."""
+    try:
+        return _HANDLES[model]
+    except KeyError:
+        raise ConfigError("this model was not wrapped by carina.offload.wrap", key="model") from None
+
+
+def _budgets(cfg: OffloadConfig, device: torch.device) -> PlanBudgets:
+    dev = cfg.device_budget
+    if dev is None and device.type == "cuda":
+        dev = int(torch.cuda.mem_get_info(device)[1] * 0.9)
+    return PlanBudgets(device=dev, host=cfg.host_budget, nvme=cfg.nvme_budget)
+
+
+def static_profile(model: nn.Module, cfg: OffloadConfig, state_bytes: int = 8) -> ModelProfile:
+    """A profile from parameter counts alone (no activations): enough to reject impossible budgets."""
+    blocks = find_blocks(model, cfg.blocks)
+    dtype = _DTYPES.get(cfg.compute_dtype) or next(model.parameters()).dtype
+    item = torch.empty((), dtype=dtype).element_size()
+    seen: set[int] = set()
+    profs = []
+    for name, mod in blocks:
+        params = [p for p in mod.parameters() if p.requires_grad and id(p) not in seen]
+        seen.update(id(p) for p in params)
+        numel = sum(p.numel() for p in params)
+        profs.append(BlockProfile(name, numel * item, numel, 0, 1e-3))
+    rest = sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in seen)
+    copy = item + (0 if dtype == torch.float32 else item)
+    return ModelProfile(tuple(profs), rest * item, rest, 0, 1e-3, state_bytes, copy)
+
+
+def wrap(
+    model: nn.Module, config: OffloadConfig | None = None, *, optimizer: torch.optim.Optimizer
+) -> tuple[nn.Module, OffloadOptimizer]:
+    """Make ``model`` train beyond device memory; return it and the optimizer to step.
+
+    Args:
+        model: Any ``nn.Module`` with repeated blocks (transformers causal LMs are
+            found automatically; otherwise name them in ``config.blocks``). It may
+            live on the CPU; its parameters move into carina's tiers.
+        config: Budgets and policies (defaults: whole device, plan per block).
+        optimizer: The optimizer built over ``model.parameters()``, not stepped yet.
+
+    Returns:
+        The same model (hooked) and an optimizer to use in its place.
+
+    Raises:
+        CapacityError: The parameters and optimizer state cannot fit the budgets.
+        ConfigError: Bad config, unknown block names, foreign optimizer parameters.
+    """
+    from carina.offload.profiler import state_bytes_per_param
+
+    cfg = config or OffloadConfig()
+    if model in _HANDLES:
+        raise ConfigError("model is already wrapped", key="model")
+    device = torch.device(cfg.resolved_device())
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    budgets = _budgets(cfg, device)
+    static = make_plan(
+        static_profile(model, cfg, state_bytes_per_param(optimizer)),
+        budgets,
+        _NOMINAL,
+        policy="recompute",
+        prefetch_depth=cfg.prefetch_depth,
+    )
+    store = TensorStore(
+        TierBudgets(device=budgets.device, host=cfg.host_budget, nvme=cfg.nvme_budget, nvme_path=cfg.nvme_path),
+        device=str(device),
+    )
+    runtime = OffloadRuntime(model, find_blocks(model, cfg.blocks), cfg, store, _DTYPES.get(cfg.compute_dtype))
+    opt = OffloadOptimizer(optimizer, runtime, budgets)
+    opt.spill = {i for i, b in enumerate(static.blocks) if b.state_on_nvme}
+    _HANDLES[model] = OffloadHandle(runtime, opt)
+    _install_state_hooks(model, runtime)
+    return model, opt
+
+
+def _install_state_hooks(model: nn.Module, rt: OffloadRuntime) -> None:
+    names = {name: rt.owner[id(p)] for name, p in model.named_parameters(remove_duplicate=False) if id(p) in rt.owner}
+
+    def save(module: nn.Module, state: dict[str, Any], prefix: str, meta: Any) -> None:
+        for name, (g, i) in names.items():
+            rt.wait_updates(g)
+            if prefix + name in state:
+                state[prefix + name] = g.master[g.slot(i)].view(g.params[i].shape).clone()
+
+    def load(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
+        with torch.no_grad():
+            for name, (g, i) in names.items():
+                value = state.pop(prefix + name, None)
+                if value is None:
+                    continue
+                rt.wait_updates(g)
+                sl = g.slot(i)
+                g.master[sl].copy_(value.reshape(-1))
+                if g.host_copy is not g.master:
+                    g.host_copy[sl].copy_(g.master[sl])
+                g.stale = True
+
+    def loaded(module: nn.Module, incompatible: Any) -> None:
+        incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if k not in names]
+
+    model.register_state_dict_post_hook(save)
+    model.register_load_state_dict_pre_hook(load)
+    model.register_load_state_dict_post_hook(loaded)

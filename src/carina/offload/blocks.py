@@ -1,0 +1,174 @@
+"""Finding a model's repeated blocks and laying their parameters out in flat buffers.
+
+Each :class:`ParamGroup` (a block, or the parameters outside blocks) owns
+three flat buffers: the float32 master weights and the float32 gradients in
+host RAM, and the device buffer in the compute dtype whose storage is freed
+whenever the group is not resident. The module's parameters become views of
+the device buffer, so freeing and refilling that one storage makes them (and
+every view autograd saved of them) empty or valid again. A host copy in the
+compute dtype feeds the device; it is the master itself when both are float32.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from carina.core.errors import ConfigError
+from carina.memory.store import TensorStore
+from carina.memory.tiers import Tier
+
+__all__ = ["ParamGroup", "build_groups", "find_blocks", "release_device", "restore_device"]
+
+
+def find_blocks(model: nn.Module, names: list[str]) -> list[tuple[str, nn.Module]]:
+    """The repeated blocks: the modules named in ``names`` (a ModuleList expands), else found.
+
+    Found automatically: the ``nn.ModuleList`` holding the most parameters whose
+    children all share one class (decoder layers of Llama, Mistral, Qwen2, GPT-2).
+
+    Raises:
+        ConfigError: A name does not exist, or no repeated blocks were found.
+    """
+    if names:
+        out: list[tuple[str, nn.Module]] = []
+        for name in names:
+            try:
+                mod = model.get_submodule(name)
+            except AttributeError:
+                raise ConfigError(f"model has no submodule {name!r}", key="blocks") from None
+            if isinstance(mod, nn.ModuleList):
+                out.extend((f"{name}.{i}", m) for i, m in enumerate(mod))
+            else:
+                out.append((name, mod))
+        return out
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) >= 2 and len({type(m) for m in mod}) == 1:
+            size = sum(p.numel() for p in mod.parameters())
+            if best is None or size > best[0]:
+                best = (size, name, mod)
+    if best is None:
+        raise ConfigError("no repeated blocks found; name them with OffloadConfig.blocks", key="blocks")
+    return [(f"{best[1]}.{i}", m) for i, m in enumerate(best[2])]
+
+
+@dataclass(eq=False)
+class ParamGroup:
+    """One block's (or the non-block) parameters and their buffers in every tier."""
+
+    index: int
+    name: str
+    module: nn.Module | None
+    params: list[nn.Parameter]
+    offsets: list[int]
+    master: torch.Tensor  # fp32 flat, host
+    grad: torch.Tensor  # fp32 flat, host
+    staging: torch.Tensor  # compute-dtype flat, host: gradients land here first
+    host_copy: torch.Tensor  # compute-dtype flat, host (the master when fp32)
+    device: torch.Tensor  # compute-dtype flat, device; storage freed when not resident
+    resident: bool = False
+    on_device: bool = True
+    stale: bool = False  # host copy newer than the device buffer
+    fetch_event: Any = None
+    events: list[Any] = field(default_factory=list)
+    masters: list[nn.Parameter] = field(default_factory=list)
+    grads_seen: int = 0
+    has_grad: bool = False
+    stepped: bool = False
+    pending: list[cf.Future[Any]] = field(default_factory=list)
+    act_bytes: int = 0
+    fwd_s: float = 0.0
+
+    @property
+    def numel(self) -> int:
+        """Parameters in the group."""
+        return int(self.master.numel())
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the device buffer when resident."""
+        return int(self.device.numel() * self.device.element_size())
+
+    def slot(self, i: int) -> slice:
+        """The flat range of parameter ``i``."""
+        return slice(self.offsets[i], self.offsets[i] + self.params[i].numel())
+
+
+def build_groups(
+    named: list[tuple[str, nn.Module | None, list[nn.Parameter]]],
+    store: TensorStore,
+    compute_dtype: torch.dtype | None,
+) -> list[ParamGroup]:
+    """Move each group's parameters into flat host masters and device views (charged to ``store``).
+
+    Groups with a module (the blocks) start released: their device storage is
+    freed right after the views are made. The group without one stays resident.
+    """
+    groups = []
+    for i, (name, mod, params) in enumerate(named):
+        group = _build(i, name, mod, params, store=store, compute_dtype=compute_dtype)
+        if mod is not None:
+            release_device(group, store)
+        else:
+            group.resident = True
+        groups.append(group)
+    return groups
+
+
+def release_device(group: ParamGroup, store: TensorStore) -> None:
+    """Free the group's device storage (its parameter views become empty)."""
+    if group.on_device:
+        group.device.untyped_storage().resize_(0)
+        store.uncharge(Tier.DEVICE, group.device_bytes)
+        group.on_device = False
+
+
+def restore_device(group: ParamGroup, store: TensorStore) -> None:
+    """Reallocate the group's device storage (contents undefined until a copy fills it)."""
+    if not group.on_device:
+        store.charge(Tier.DEVICE, group.device_bytes, f"{group.name} parameters")
+        group.device.untyped_storage().resize_(group.device_bytes)
+        group.on_device = True
+
+
+def _build(
+    index: int,
+    name: str,
+    module: nn.Module | None,
+    params: list[nn.Parameter],
+    *,
+    store: TensorStore,
+    compute_dtype: torch.dtype | None,
+) -> ParamGroup:
+    dtype = compute_dtype or (params[0].dtype if params else torch.float32)
+    for p in params:
+        if not p.is_floating_point():
+            raise ConfigError(f"parameter of {name} is not floating point ({p.dtype})", key="model")
+    offsets, total = [], 0
+    for p in params:
+        offsets.append(total)
+        total += p.numel()
+    master = store.empty((total,), torch.float32, Tier.HOST, f"{name} masters")
+    grad = store.empty((total,), torch.float32, Tier.HOST, f"{name} gradients")
+    grad.zero_()
+    staging = store.empty((total,), dtype, Tier.HOST, f"{name} gradient staging")
+    host_copy = master if dtype == torch.float32 else store.empty((total,), dtype, Tier.HOST, f"{name} copy")
+    device = store.empty((total,), dtype, Tier.DEVICE, f"{name} parameters")
+    group = ParamGroup(index, name, module, params, offsets, master, grad, staging, host_copy, device)
+    with torch.no_grad():
+        for i, p in enumerate(params):
+            sl = group.slot(i)
+            master[sl].copy_(p.detach().reshape(-1))
+            if host_copy is not master:
+                host_copy[sl].copy_(master[sl])
+            if module is None:
+                device[sl].copy_(host_copy[sl])
+            p.data = device[sl].view(p.shape)
+            mp = nn.Parameter(master[sl].view(p.shape))
+            group.masters.append(mp)
+    return group

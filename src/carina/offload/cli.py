@@ -1,0 +1,95 @@
+"""``carina offload``: plan offloaded training before running it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Profile, plan and inspect offloaded training.", no_args_is_help=True, add_completion=False)
+
+
+@app.command()
+def plan(
+    model: Annotated[
+        str, typer.Option(help="Preset (tiny, demo, llama-1b, llama2-7b, ...) or JSON file.")
+    ] = "llama2-7b",
+    tokens: Annotated[int, typer.Option(help="Tokens per micro-batch.")] = 8192,
+    seq_len: Annotated[int, typer.Option(help="Sequence length.")] = 2048,
+    device_budget: Annotated[str, typer.Option(help="Device memory budget, e.g. 24GB.")] = "24GB",
+    host_budget: Annotated[str | None, typer.Option(help="Host RAM budget (default unlimited).")] = None,
+    nvme_budget: Annotated[str, typer.Option(help="NVMe budget for optimizer-state spill.")] = "0",
+    activations: Annotated[str, typer.Option(help="plan, keep, swap or recompute.")] = "plan",
+    prefetch_depth: Annotated[int, typer.Option(help="Blocks fetched ahead.")] = 1,
+    dtype_bytes: Annotated[int, typer.Option(help="Bytes per compute element (2 = bf16).")] = 2,
+    tflops: Annotated[float, typer.Option(help="Device TFLOP/s for the compute estimate.")] = 400.0,
+    h2d_gbps: Annotated[float, typer.Option(help="Host-to-device GB/s.")] = 25.0,
+    d2h_gbps: Annotated[float, typer.Option(help="Device-to-host GB/s.")] = 25.0,
+    optim_gparams: Annotated[float, typer.Option(help="CPU optimizer Gparam/s.")] = 2.0,
+    disk_gbps: Annotated[float, typer.Option(help="NVMe GB/s.")] = 1.5,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
+) -> None:
+    """Plan a model from its shape (modeled): bytes per tier, predicted step split, bottleneck.
+
+    A configuration that cannot fit exits with status 2 and says what would fit.
+    """
+    from carina.core.errors import CarinaError, ConfigError
+    from carina.core.progress import console, emit_json, print_table
+    from carina.memory.tiers import format_bytes, parse_bytes
+    from carina.offload.estimate import ShapeEstimate, estimate_profile, nominal_hardware
+    from carina.offload.models import model_config, param_count
+    from carina.offload.planner import PlanBudgets, make_plan
+
+    try:
+        try:
+            budgets = PlanBudgets(
+                device=parse_bytes(device_budget),
+                host=None if host_budget is None else parse_bytes(host_budget),
+                nvme=parse_bytes(nvme_budget),
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc), key="budget") from None
+        if activations not in ("plan", "keep", "swap", "recompute"):
+            raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
+        cfg = model_config(model)
+        prof = estimate_profile(cfg, ShapeEstimate(tokens, seq_len, tflops, dtype_bytes))
+        hw = nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps)
+        result = make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth)
+    except CarinaError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from None
+    summary = {"model": model, "params": param_count(cfg), "basis": "modeled", **result.summary()}
+    if json_out:
+        emit_json(summary)
+        return
+    t = result.time
+    out = console()
+    out.print(f"[bold]{model}[/]: {param_count(cfg) / 1e9:.2f}B parameters, {tokens} tokens per micro-batch (modeled)")
+    counts = result.counts()
+    out.print(
+        f"blocks: {counts['streamed']} streamed, {counts['resident']} resident; activations keep {counts['keep']}"
+        f" / swap {counts['swap']} / recompute {counts['recompute']}; optimizer state on NVMe {counts['state_on_nvme']}"
+    )
+    rows = [
+        {"tier": "device", "bytes": format_bytes(result.device_peak), "budget": format_bytes(budgets.device or 0)},
+        {"tier": "host", "bytes": format_bytes(result.host_bytes),
+         "budget": "unlimited" if budgets.host is None else format_bytes(budgets.host)},
+        {"tier": "nvme", "bytes": format_bytes(result.nvme_bytes), "budget": format_bytes(budgets.nvme)},
+    ]  # fmt: skip
+    print_table(rows, columns=["tier", "bytes", "budget"], title="bytes per tier")
+    parts = {"compute": t.compute, "h2d": t.h2d, "d2h": t.d2h, "cpu optimizer": t.cpu_optimizer, "disk": t.disk}
+    print_table([{"resource": k, "seconds": f"{v:.3f}"} for k, v in parts.items()], columns=["resource", "seconds"],
+                title=f"predicted step {t.predicted:.3f} s, bottleneck {t.bottleneck}")  # fmt: skip
+
+
+@app.command()
+def presets(json_out: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False) -> None:
+    """List the model presets and their sizes."""
+    from carina.core.progress import emit_json, print_table
+    from carina.offload.models import PRESETS, model_config, param_count
+
+    rows = [{"name": n, "params": param_count(model_config(n)), **PRESETS[n]} for n in PRESETS]
+    if json_out:
+        emit_json(rows)
+    else:
+        print_table(rows, columns=["name", "params", "hidden_size", "num_hidden_layers", "vocab_size"])

@@ -1,0 +1,114 @@
+"""The offload configuration: budgets, activation policy, prefetch, precision."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carina.core.config import Config, require
+
+__all__ = ["ActivationPolicy", "ComputeDtype", "OffloadConfig", "OverlapMode"]
+
+
+class ActivationPolicy(enum.Enum):
+    """What happens to a block's saved activations between forward and backward."""
+
+    PLAN = "plan"  # the planner chooses per block (keep, swap or recompute)
+    KEEP = "keep"  # stay on the device
+    SWAP = "swap"  # copied to host RAM, copied back for backward
+    RECOMPUTE = "recompute"  # dropped, the block's forward runs again in backward
+
+
+class OverlapMode(enum.Enum):
+    """When the CPU optimizer updates a block."""
+
+    AUTO = "auto"  # during backward when exact (no clipping), else at optimizer.step()
+    BACKWARD = "backward"  # as soon as the block's gradients are final (Ratel's active offloading)
+    STEP = "step"  # all blocks at optimizer.step()
+
+
+class ComputeDtype(enum.Enum):
+    """Dtype of the parameters the device computes with (masters stay float32)."""
+
+    AUTO = "auto"  # the model's own dtype
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+@dataclass(kw_only=True)
+class OffloadConfig(Config):
+    """How :func:`carina.offload.wrap` runs a model larger than its device budget.
+
+    Attributes:
+        device: ``"auto"`` (CUDA when present, else CPU), ``"cuda"``, ``"cuda:N"`` or ``"cpu"``.
+        device_budget: Bytes of device memory carina may use (None: what the device has).
+        host_budget: Bytes of host RAM for masters, optimizer state, gradients, swapped
+            activations (None: unlimited).
+        nvme_path: Directory for the NVMe tier (optimizer state spills there).
+        nvme_budget: Bytes of the NVMe tier (0: no NVMe tier).
+        activations: Activation policy; ``plan`` lets the planner choose per block.
+        prefetch_depth: Blocks whose parameters are fetched ahead of use (>= 1).
+        profile_steps: Optimizer steps run under the conservative plan while profiling (times
+            come from the last one; the first pays warm-up).
+        compute_dtype: Parameter dtype on the device; masters and optimizer state are float32.
+        max_grad_norm: Global-norm clipping over all (offloaded) gradients; None = off.
+        grad_accumulation: Backward passes per optimizer step (the last one may overlap the update).
+        overlap: When the CPU optimizer runs, see :class:`OverlapMode`.
+        blocks: Dotted names of the repeated blocks; empty = found automatically.
+        h2d_gbps: Host-to-device bandwidth for the plan (0 = measure).
+        d2h_gbps: Device-to-host bandwidth for the plan (0 = measure).
+        cpu_optimizer_gparams: CPU optimizer throughput in Gparam/s for the plan (0 = measure).
+        disk_gbps: NVMe bandwidth for the plan (0 = assume 1.5 GB/s).
+    """
+
+    device: str = "auto"
+    device_budget: int | None = None
+    host_budget: int | None = None
+    nvme_path: Path | None = None
+    nvme_budget: int = 0
+    activations: ActivationPolicy = ActivationPolicy.PLAN
+    prefetch_depth: int = 1
+    profile_steps: int = 2
+    compute_dtype: ComputeDtype = ComputeDtype.AUTO
+    max_grad_norm: float | None = None
+    grad_accumulation: int = 1
+    overlap: OverlapMode = OverlapMode.AUTO
+    blocks: list[str] = field(default_factory=list)
+    h2d_gbps: float = 0.0
+    d2h_gbps: float = 0.0
+    cpu_optimizer_gparams: float = 0.0
+    disk_gbps: float = 0.0
+
+    def validate(self) -> None:
+        """Check ranges and combinations."""
+        require(
+            self.device in {"auto", "cpu"} or self.device.startswith("cuda"),
+            f"device must be auto, cpu or cuda[:N], got {self.device!r}",
+            key="device",
+        )
+        for name in ("device_budget", "host_budget"):
+            value = getattr(self, name)
+            require(value is None or value > 0, f"{name} must be positive", key=name)
+        require(self.nvme_budget >= 0, "nvme_budget must be >= 0", key="nvme_budget")
+        require(self.nvme_budget == 0 or self.nvme_path is not None, "nvme_budget needs nvme_path", key="nvme_path")
+        require(1 <= self.prefetch_depth <= 8, "prefetch_depth must be in 1..8", key="prefetch_depth")
+        require(self.profile_steps >= 1, "profile_steps must be >= 1", key="profile_steps")
+        require(self.grad_accumulation >= 1, "grad_accumulation must be >= 1", key="grad_accumulation")
+        require(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm must be > 0", key="max_grad_norm")
+        require(
+            not (self.overlap is OverlapMode.BACKWARD and self.max_grad_norm is not None),
+            "overlap='backward' cannot clip exactly (the norm needs every gradient first); use 'auto' or 'step'",
+            key="overlap",
+        )
+        for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps"):
+            require(getattr(self, name) >= 0, f"{name} must be >= 0", key=name)
+
+    def resolved_device(self) -> str:
+        """The device string with ``auto`` resolved."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,57 @@
+"""Analytic profiles of Llama shapes, for planning before anything runs (``carina offload plan``).
+
+The runtime profiles real tensors; this module predicts the same numbers from
+the shape alone so that a plan (and a :class:`CapacityError`) can be had for a
+7B model on a laptop. Saved activations per token and block, with SDPA and
+bf16 compute: the block input and the RMSNorm inputs in float32, q/k/v, the
+attention output, the MLP's gate/up/activation/down inputs (about
+``item*(6h + 2kv + 4i) + 8h`` bytes). Forward FLOPs per token and block:
+``2*params + 4*seq*h``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from carina.offload.simulator import BlockProfile, Hardware, ModelProfile
+
+__all__ = ["ShapeEstimate", "estimate_profile", "nominal_hardware"]
+
+
+@dataclass(frozen=True)
+class ShapeEstimate:
+    """What the estimate assumed."""
+
+    tokens: int
+    seq_len: int
+    tflops: float
+    dtype_bytes: int
+
+
+def estimate_profile(config: Any, est: ShapeEstimate, state_bytes: int = 8) -> ModelProfile:
+    """A modeled :class:`ModelProfile` of a LlamaConfig for ``est.tokens`` tokens per micro-batch."""
+    h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = h // config.num_attention_heads * config.num_key_value_heads
+    item = est.dtype_bytes
+    numel = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
+    act = est.tokens * (item * (6 * h + 2 * kv + 4 * i) + 8 * h)
+    fwd = est.tokens * (2 * numel + 4 * est.seq_len * h) / (est.tflops * 1e12)
+    vocab = config.vocab_size
+    rest = vocab * h * (1 if config.tie_word_embeddings else 2) + h
+    logits = est.tokens * vocab * (item + 4)  # logits and their float32 upcast for the loss
+    copy = item + (0 if item == 4 else item)
+    return ModelProfile(
+        blocks=tuple(BlockProfile(f"layers.{k}", numel * item, numel, act, fwd) for k in range(n)),
+        resident_param_bytes=rest * item,
+        resident_numel=rest,
+        other_act_bytes=logits,
+        other_fwd_s=est.tokens * 2 * rest / (est.tflops * 1e12),
+        state_bytes_per_param=state_bytes,
+        copy_bytes_per_param=copy,
+    )
+
+
+def nominal_hardware(h2d_gbps: float, d2h_gbps: float, optim_gparams: float, disk_gbps: float) -> Hardware:
+    """Rates given in GB/s and Gparam/s."""
+    return Hardware(h2d=h2d_gbps * 1e9, d2h=d2h_gbps * 1e9, optim=optim_gparams * 1e9, disk=disk_gbps * 1e9)

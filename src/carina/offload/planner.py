@@ -1,0 +1,210 @@
+"""The offload planner: pure Python, from a profile and budgets to a plan.
+
+Given a :class:`ModelProfile` (per block: parameter bytes, saved activation
+bytes, forward time), :class:`PlanBudgets` and :class:`Hardware` (measured
+bandwidths and CPU optimizer throughput), :func:`make_plan` decides for every
+block whether its parameters stay on the device or stream in
+``prefetch_depth`` blocks ahead of use, whether its activations are kept,
+swapped to host RAM or recomputed, and whether its optimizer state lives in
+host RAM or spills to NVMe. Every candidate is replayed by
+:func:`~carina.offload.simulator.simulate`; a choice is accepted only when its
+simulated device peak and host bytes fit their budgets and its simulated step
+is no slower (Ratel's traffic-aware rule: relieve the busiest resource). A
+configuration that cannot fit raises :class:`CapacityError` saying what would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from carina.core.errors import CapacityError
+from carina.memory.tiers import format_bytes
+from carina.offload.simulator import (
+    Action,
+    BlockPlan,
+    Hardware,
+    ModelProfile,
+    StepTime,
+    host_bytes,
+    simulate,
+)
+
+__all__ = ["Plan", "PlanBudgets", "make_plan"]
+
+
+@dataclass(frozen=True)
+class PlanBudgets:
+    """Byte budgets (None = unlimited) the plan must respect."""
+
+    device: int | None
+    host: int | None
+    nvme: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-block decisions, the bytes per tier they need and the predicted step time."""
+
+    blocks: tuple[BlockPlan, ...]
+    prefetch_depth: int
+    overlap: bool
+    device_peak: int
+    host_bytes: int
+    nvme_bytes: int
+    time: StepTime
+
+    def counts(self) -> dict[str, int]:
+        """How many blocks take each choice."""
+        out = {a.value: sum(b.activation is a for b in self.blocks) for a in Action}
+        out["resident"] = sum(b.resident for b in self.blocks)
+        out["streamed"] = len(self.blocks) - out["resident"]
+        out["state_on_nvme"] = sum(b.state_on_nvme for b in self.blocks)
+        return out
+
+    def summary(self) -> dict[str, object]:
+        """A JSON-ready description (bytes per tier, time split, bottleneck)."""
+        t = self.time
+        return {
+            "blocks": self.counts(),
+            "prefetch_depth": self.prefetch_depth,
+            "overlap_optimizer": self.overlap,
+            "bytes": {"device_peak": self.device_peak, "host": self.host_bytes, "nvme": self.nvme_bytes},
+            "predicted_s": {
+                "compute": t.compute,
+                "h2d": t.h2d,
+                "d2h": t.d2h,
+                "cpu_optimizer": t.cpu_optimizer,
+                "disk": t.disk,
+                "step": t.predicted,
+            },
+            "bottleneck": t.bottleneck,
+        }
+
+
+# -- the planner ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Problem:
+    prof: ModelProfile
+    budgets: PlanBudgets
+    hw: Hardware
+    depth: int
+    overlap: bool
+
+    def finish(self, blocks: tuple[BlockPlan, ...]) -> Plan:
+        events, time = simulate(blocks, self.prof, self.hw, self.depth, self.overlap)
+        host, nvme = host_bytes(self.prof, blocks)
+        return Plan(blocks, self.depth, self.overlap, max(e.device_bytes for e in events), host, nvme, time)
+
+    def accept(self, candidate: list[BlockPlan], best: float) -> float | None:
+        """The candidate's simulated step time when it fits and is no slower than ``best``, else None."""
+        cand = tuple(candidate)
+        events, time = simulate(cand, self.prof, self.hw, self.depth, self.overlap)
+        if self.budgets.device is not None and max(e.device_bytes for e in events) > self.budgets.device:
+            return None
+        if self.budgets.host is not None and host_bytes(self.prof, cand)[0] > self.budgets.host:
+            return None
+        return time.predicted if time.predicted <= best * (1 + 1e-9) else None
+
+    def step_time(self, blocks: list[BlockPlan]) -> float:
+        return simulate(tuple(blocks), self.prof, self.hw, self.depth, self.overlap)[1].predicted
+
+
+def _spill_states(prof: ModelProfile, budgets: PlanBudgets, blocks: list[BlockPlan]) -> None:
+    """Move optimizer state of the last blocks (updated first in backward) to NVMe until host fits."""
+    host, nvme = host_bytes(prof, tuple(blocks))
+    for i in reversed(range(len(blocks))):
+        if budgets.host is None or host <= budgets.host:
+            break
+        blocks[i] = replace(blocks[i], state_on_nvme=True)
+        host, nvme = host_bytes(prof, tuple(blocks))
+    if budgets.host is not None and host > budgets.host:
+        raise CapacityError(
+            f"host budget {format_bytes(budgets.host)} is too small: master weights, gradients and the "
+            f"resident optimizer state need {format_bytes(host)} even with every block's optimizer state on "
+            f"NVMe; raise host_budget to at least {format_bytes(host)} or train a smaller model",
+            tier="host",
+            needed=host,
+            budget=budgets.host,
+        )
+    if nvme > budgets.nvme:
+        raise CapacityError(
+            f"host budget {format_bytes(budgets.host or 0)} needs {format_bytes(nvme)} of optimizer state on "
+            f"NVMe, NVMe budget is {format_bytes(budgets.nvme)}; set nvme_budget >= {format_bytes(nvme)} "
+            f"(with nvme_path) or raise host_budget by that much",
+            tier="nvme",
+            needed=nvme,
+            budget=budgets.nvme,
+        )
+
+
+def make_plan(
+    prof: ModelProfile,
+    budgets: PlanBudgets,
+    hw: Hardware,
+    *,
+    policy: str = "plan",
+    prefetch_depth: int = 1,
+    overlap: bool = True,
+) -> Plan:
+    """Choose residency, activation action and optimizer-state tier per block.
+
+    Args:
+        prof: The profiled model.
+        budgets: Device, host and NVMe budgets.
+        hw: Measured rates.
+        policy: ``plan`` (choose per block), ``keep``, ``swap`` or ``recompute`` (fixed).
+        prefetch_depth: Blocks fetched ahead of use.
+        overlap: Whether the CPU optimizer runs during backward.
+
+    Raises:
+        CapacityError: No choice fits; the message says what would.
+    """
+    problem = _Problem(prof, budgets, hw, prefetch_depth, overlap)
+    fixed = None if policy == "plan" else Action(policy)
+    start = fixed or Action.RECOMPUTE
+    blocks = [BlockPlan(activation=start) for _ in prof.blocks]
+    _spill_states(prof, budgets, blocks)
+    floor = problem.finish(tuple(blocks)).device_peak
+    if budgets.device is not None and floor > budgets.device:
+        raise CapacityError(
+            f"device budget {format_bytes(budgets.device)} is too small: streaming every block with "
+            f"activations {start.value} and prefetch depth {prefetch_depth} needs {format_bytes(floor)}; "
+            f"raise the device budget to at least {format_bytes(floor)}, lower prefetch_depth or use fewer "
+            f"tokens per micro-batch",
+            tier="device",
+            needed=floor,
+            budget=budgets.device,
+        )
+    if fixed is None:
+        blocks = _improve_activations(problem, blocks)
+    blocks = _improve_residency(problem, blocks)
+    return problem.finish(tuple(blocks))
+
+
+def _improve_activations(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
+    """Greedy: keep the activations with most recompute time per byte, then swap where it pays."""
+    best = problem.step_time(blocks)
+    prof = problem.prof
+    order = sorted(range(len(blocks)), key=lambda i: -prof.blocks[i].fwd_s / max(1, prof.blocks[i].act_bytes))
+    for action in (Action.KEEP, Action.SWAP):
+        for i in order:
+            if blocks[i].activation is not Action.RECOMPUTE:
+                continue
+            trial = [*blocks]
+            trial[i] = replace(blocks[i], activation=action)
+            got = problem.accept(trial, best)
+            if got is not None:
+                blocks, best = trial, got
+    return blocks
+
+
+def _improve_residency(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
+    """Greedy: with the device memory left, keep blocks' parameters resident (no PCIe traffic)."""
+    best = problem.step_time(blocks)
+    for i in range(len(blocks)):
+        trial = [*blocks]
+        trial[i] = replace(blocks[i], resident=True)
+        got = problem.accept(trial, best)
+        if got is not None:
+            blocks, best = trial, got
+    return blocks

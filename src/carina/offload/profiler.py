@@ -1,0 +1,118 @@
+"""Profiling: what the model's blocks cost, and what this machine's links and CPU can do.
+
+The first ``profile_steps`` optimizer steps run under the conservative plan
+(every block streamed, activations swapped) while the runtime records, per
+block, the bytes autograd saved and the forward time. :func:`model_profile`
+turns that record into the planner's :class:`ModelProfile`;
+:func:`measure_hardware` times the host<->device copies and the CPU optimizer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from carina.offload.simulator import BlockProfile, Hardware, ModelProfile
+
+if TYPE_CHECKING:
+    from carina.offload.blocks import ParamGroup
+    from carina.offload.config import OffloadConfig
+
+__all__ = ["measure_hardware", "model_profile", "optimizer_kwargs", "state_bytes_per_param"]
+
+_DEFAULT_DISK = 1.5e9
+
+
+def model_profile(
+    blocks: list[ParamGroup],
+    rest: ParamGroup,
+    *,
+    other_act_bytes: int = 0,
+    other_fwd_s: float = 0.0,
+    state_bytes: int = 8,
+    steps: int = 1,
+) -> ModelProfile:
+    """The planner's view of the model from the groups' recorded sizes and times.
+
+    Args:
+        blocks: The block groups (``act_bytes``/``fwd_s`` filled by profiling).
+        rest: The group of non-block parameters.
+        other_act_bytes: Bytes saved outside blocks (embeddings, head, loss).
+        other_fwd_s: Forward seconds spent outside blocks.
+        state_bytes: Optimizer state bytes per parameter.
+        steps: Forward passes the times were summed over.
+    """
+    dtype = blocks[0].device.dtype if blocks else torch.float32
+    item = torch.empty((), dtype=dtype).element_size()
+    copy = item + (0 if dtype == torch.float32 else item)  # gradient staging (+ the compute copy)
+    return ModelProfile(
+        blocks=tuple(
+            BlockProfile(g.name, g.device_bytes, g.numel, g.act_bytes, max(g.fwd_s / max(1, steps), 1e-6))
+            for g in blocks
+        ),
+        resident_param_bytes=rest.device_bytes,
+        resident_numel=rest.numel,
+        other_act_bytes=other_act_bytes,
+        other_fwd_s=max(0.0, other_fwd_s),
+        state_bytes_per_param=state_bytes,
+        copy_bytes_per_param=copy,
+    )
+
+
+def state_bytes_per_param(optimizer: torch.optim.Optimizer) -> int:
+    """Optimizer state bytes per parameter: 8 for Adam-style (m, v in fp32), 4 with momentum, else 8."""
+    name = type(optimizer).__name__.lower()
+    if "adam" in name or "lamb" in name:
+        return 8
+    if "sgd" in name:
+        return 4 if optimizer.defaults.get("momentum", 0) else 0
+    return 8
+
+
+def optimizer_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The constructor arguments of ``optimizer`` found in its defaults."""
+    params = inspect.signature(type(optimizer).__init__).parameters
+    return {k: v for k, v in optimizer.defaults.items() if k in params}
+
+
+def _copy_rate(src: torch.Tensor, dst: torch.Tensor, cuda: bool) -> float:
+    dst.copy_(src, non_blocking=cuda)
+    if cuda:
+        torch.cuda.synchronize()
+    reps = 5
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src, non_blocking=cuda)
+    if cuda:
+        torch.cuda.synchronize()
+    return reps * src.numel() / max(time.perf_counter() - t0, 1e-9)
+
+
+def _optimizer_rate(optimizer: torch.optim.Optimizer, numel: int = 1 << 20) -> float:
+    p = torch.nn.Parameter(torch.zeros(numel))
+    p.grad = torch.full((numel,), 1e-3)
+    opt = type(optimizer)([p], **optimizer_kwargs(optimizer))
+    opt.step()
+    t0 = time.perf_counter()
+    reps = 3
+    for _ in range(reps):
+        opt.step()
+    return reps * numel / max(time.perf_counter() - t0, 1e-9)
+
+
+def measure_hardware(device: torch.device, cfg: OffloadConfig, optimizer: torch.optim.Optimizer) -> Hardware:
+    """Rates for the plan: configured ones where given, else measured here (a fraction of a second)."""
+    cuda = device.type == "cuda"
+    nbytes = (64 if cuda else 16) << 20
+    h2d, d2h = cfg.h2d_gbps * 1e9, cfg.d2h_gbps * 1e9
+    if not (h2d and d2h):
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        h2d = h2d or _copy_rate(host, dev, cuda)
+        d2h = d2h or _copy_rate(dev, host, cuda)
+    optim = cfg.cpu_optimizer_gparams * 1e9 or _optimizer_rate(optimizer)
+    disk = cfg.disk_gbps * 1e9 or _DEFAULT_DISK
+    return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk)

@@ -1,0 +1,307 @@
+"""The offload runtime: module hooks that stream parameters and gradients.
+
+Per block, a forward pre-hook makes its parameters resident and prefetches
+the next ``prefetch_depth`` blocks; a forward hook frees them again. In
+backward, the first saved tensor of a block that autograd unpacks makes it
+resident and prefetches the blocks below. Each parameter's
+post-accumulate-grad hook copies its gradient to host staging and drops it
+from the device; when a block's last gradient is in, the block's device
+storage is freed and a CPU worker folds the staging into the float32
+gradient and, when the update is exact (last micro-batch, no clipping),
+updates that block's master weights at once while backward continues
+(Ratel's active gradient offloading). No torch function is patched: blocks
+whose activations are recomputed get an instance-level ``forward`` that runs
+the original under ``torch.utils.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from carina.memory.store import TensorStore
+from carina.memory.tiers import Tier
+from carina.offload.activations import ActivationManager
+from carina.offload.blocks import ParamGroup, build_groups, release_device, restore_device
+from carina.offload.config import OffloadConfig, OverlapMode
+from carina.offload.simulator import Action
+
+__all__ = ["OffloadRuntime"]
+
+
+class OffloadRuntime:
+    """Owns a wrapped model's parameter groups, hooks, copies and CPU worker.
+
+    Args:
+        model: The model; its parameters are moved into carina's buffers.
+        blocks: ``(name, module)`` of the repeated blocks, in execution order.
+        cfg: The offload config.
+        store: The ledger and allocator of every tier.
+        compute_dtype: Dtype of the device parameters (None: each group's own).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        blocks: list[tuple[str, nn.Module]],
+        cfg: OffloadConfig,
+        store: TensorStore,
+        compute_dtype: torch.dtype | None,
+    ) -> None:
+        from carina.offload.streams import Mover
+
+        self.model, self.cfg, self.store = model, cfg, store
+        self.device = store.device
+        self.mover = Mover(self.device)
+        self.worker = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-optim")
+        self.groups = build_groups(_partition(model, blocks), store, compute_dtype)
+        self.blocks = self.groups[:-1]
+        self.rest = self.groups[-1]
+        self.owner = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
+        self.storage_owner: dict[int, ParamGroup] = {}
+        self._register_storage(self.rest)
+        # While profiling, activations go to host RAM when device memory is the constraint.
+        tight = cfg.device_budget is not None or self.device.type == "cuda"
+        self.actions = [Action.SWAP if tight else Action.KEEP] * len(self.blocks)
+        self.acts = ActivationManager(self)
+        self.current: int | None = None
+        self.in_forward = False
+        self.profiling = True
+        self.micro = 0
+        self.fwd_total = 0.0
+        self.fwd_count = 0
+        self.other_act_bytes = 0
+        self._entered: set[int] = set()
+        self._t0 = 0.0
+        self.step_group: Any = None  # set by the optimizer: fn(group) updating masters in place
+        self._handles: list[Any] = []
+        self._install(model)
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _install(self, model: nn.Module) -> None:
+        h = self._handles
+        h.append(model.register_forward_pre_hook(self._model_pre))
+        h.append(model.register_forward_hook(self._model_post, always_call=True))
+        for g in self.blocks:
+            assert g.module is not None
+            h.append(g.module.register_forward_pre_hook(functools.partial(self._block_pre, g.index)))
+            h.append(g.module.register_forward_hook(functools.partial(self._block_post, g.index), always_call=True))
+            orig = g.module.forward
+            g.module.forward = functools.partial(self._block_forward, g.index, orig)
+        for g in self.groups:
+            for p in g.params:
+                h.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+        for p in model.parameters():
+            if not p.requires_grad and p.device != self.device:
+                p.data = p.data.to(self.device)  # frozen parameters simply live on the device
+        for mod in model.modules():
+            for name, buf in list(mod._buffers.items()):
+                if buf is not None and buf.device != self.device:
+                    mod._buffers[name] = buf.to(self.device)
+
+    def _model_pre(self, module: nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled() and module.training:
+            self.micro += 1
+        self.in_forward = True
+        self._entered.clear()
+        self._sync_if_profiling()
+        self._t0 = time.perf_counter()
+        self.ensure(self.rest)
+        self.acts.begin_forward()
+
+    def _model_post(self, module: nn.Module, args: Any, out: Any) -> None:
+        if self.profiling and self.in_forward:
+            self._sync_if_profiling()
+            self.fwd_total += time.perf_counter() - self._t0
+            self.fwd_count += 1
+            self.other_act_bytes = max(self.other_act_bytes, self.acts.other_bytes)
+        self.acts.end_forward()
+        self.in_forward = False
+        self.current = None
+
+    def _block_pre(self, i: int, module: nn.Module, args: Any) -> None:
+        self.current = i
+        if self.in_forward:
+            self._sync_if_profiling()
+            self.blocks[i].fwd_s -= time.perf_counter()
+            self.ensure(self.blocks[i])
+            for j in range(i + 1, min(len(self.blocks), i + 1 + self.cfg.prefetch_depth)):
+                self.prefetch(self.blocks[j])
+
+    def _block_post(self, i: int, module: nn.Module, args: Any, out: Any) -> None:
+        self.current = None
+        self.acts.end_block(i)
+        if not self.in_forward:
+            return
+        self._sync_if_profiling()
+        self.blocks[i].fwd_s += time.perf_counter()
+        g = self.blocks[i]
+        if i < len(self.blocks) - 1 and not g.resident:
+            self._release(g)
+
+    def _block_forward(self, i: int, orig: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.actions[i] is Action.RECOMPUTE and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._recompute_body, i, orig, *args, use_reentrant=False, **kwargs)
+        return orig(*args, **kwargs)
+
+    def _recompute_body(self, i: int, orig: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.in_forward:
+            self.enter_backward(i)
+        return orig(*args, **kwargs)
+
+    def _sync_if_profiling(self) -> None:
+        if self.profiling and self.mover.cuda:  # the compute stream only: side-stream copies are not compute
+            torch.cuda.current_stream(self.device).synchronize()
+
+    # -- parameters --------------------------------------------------------------------------
+    def _register_storage(self, g: ParamGroup) -> None:
+        if g.device_bytes:
+            self.storage_owner[g.device.untyped_storage().data_ptr()] = g
+
+    def _release(self, g: ParamGroup) -> None:
+        self.storage_owner.pop(g.device.untyped_storage().data_ptr(), None)
+        release_device(g, self.store)
+
+    def wait_updates(self, g: ParamGroup) -> None:
+        """Block until the CPU worker finished everything queued for ``g``."""
+        for fut in g.pending:
+            fut.result()
+        g.pending.clear()
+
+    def prefetch(self, g: ParamGroup) -> None:
+        """Start copying ``g``'s (updated) parameters to the device, if they are not there."""
+        self.wait_updates(g)
+        if g.on_device and not g.stale:
+            return
+        restore_device(g, self.store)
+        self._register_storage(g)
+        g.stale = False
+        g.fetch_event = self.mover.to_device(g.device, g.host_copy)
+        self.store.note_move(Tier.HOST, Tier.DEVICE, g.device_bytes)
+
+    def ensure(self, g: ParamGroup) -> None:
+        """Make ``g``'s parameters usable by the next compute-stream work."""
+        self.prefetch(g)
+        self.mover.wait_on_compute(g.fetch_event)
+        g.fetch_event = None
+
+    def enter_backward(self, i: int) -> None:
+        """Backward reached block ``i``: make it resident, prefetch the blocks below."""
+        if i in self._entered or i >= len(self.blocks):
+            if i >= len(self.blocks):
+                self.ensure(self.groups[i])
+            return
+        self._entered.add(i)
+        self.ensure(self.blocks[i])
+        for j in range(max(0, i - self.cfg.prefetch_depth), i):
+            self.prefetch(self.blocks[j])
+        if i > 0 and not self.profiling:
+            self.acts.prefetch(i - 1)
+
+    # -- gradients ---------------------------------------------------------------------------
+    def _grad_hook(self, p: torch.Tensor) -> None:
+        g, i = self.owner[id(p)]
+        grad = p.grad
+        p.grad = None
+        assert grad is not None
+        if g.grads_seen == 0:
+            self.wait_updates(g)  # the staging buffer is free again
+            g.events = []
+        g.events.append(self.mover.to_host(g.staging[g.slot(i)], grad.reshape(-1)))
+        self.store.note_move(Tier.DEVICE, Tier.HOST, grad.numel() * grad.element_size())
+        g.grads_seen += 1
+        if g.grads_seen == len(g.params):
+            self._grads_done(g)
+
+    def overlap_now(self) -> bool:
+        """Whether a block may be updated during this backward (exact and allowed)."""
+        mode = self.cfg.overlap
+        if self.profiling or mode is OverlapMode.STEP or self.step_group is None:
+            return False
+        if mode is OverlapMode.AUTO and self.cfg.max_grad_norm is not None:
+            return False
+        return self.micro % self.cfg.grad_accumulation == 0
+
+    def _grads_done(self, g: ParamGroup) -> None:
+        events, g.events, g.grads_seen = g.events, [], 0
+        accumulate, g.has_grad = g.has_grad, True
+        eager = self.overlap_now()
+        g.pending.append(self.worker.submit(self._consume, g, events, accumulate, eager))
+        if g.module is not None:
+            if not g.resident:
+                self._release(g)
+            self.acts.block_done(g.index)
+
+    def _consume(self, g: ParamGroup, events: list[Any], accumulate: bool, eager: bool) -> None:
+        for event in events:
+            self.mover.wait_on_host(event)
+        if accumulate:
+            g.grad.add_(g.staging)
+        else:
+            g.grad.copy_(g.staging)
+        if eager:
+            self.step_group(g)
+
+    # -- step boundary -----------------------------------------------------------------------
+    def drain(self) -> None:
+        """Wait for every queued CPU task; free blocks and activations a backward left behind."""
+        for g in self.groups:
+            self.wait_updates(g)
+            if g.grads_seen:  # some parameters got no gradient this backward
+                self._grads_done(g)
+                self.wait_updates(g)
+        for g in self.blocks:
+            if not g.resident and g.on_device and g.index < len(self.blocks) - 1:
+                self._release(g)
+        self.acts.clear()
+        self._entered.clear()
+
+    def reset_timings(self) -> None:
+        """Forget forward times recorded so far (keeps activation sizes)."""
+        for g in self.blocks:
+            g.fwd_s = 0.0
+        self.fwd_total = 0.0
+        self.fwd_count = 0
+
+    def apply(self, actions: list[Action], resident: list[bool]) -> None:
+        """Switch to a plan's per-block activation actions and residency."""
+        self.actions = list(actions)
+        for g, keep in zip(self.blocks, resident, strict=True):
+            g.resident = keep
+            if not keep and g.on_device and g.index < len(self.blocks) - 1:
+                self._release(g)
+        self.profiling = False
+
+    def close(self) -> None:
+        """Remove the hooks, restore block forwards and stop the worker."""
+        self.drain()
+        for handle in self._handles:
+            handle.remove()
+        for g in self.blocks:
+            if g.module is not None and "forward" in g.module.__dict__:
+                del g.module.forward
+        self.worker.shutdown(wait=True)
+
+
+def _partition(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> list[tuple[str, Any, list[nn.Parameter]]]:
+    """Group trainable parameters by block; shared ones and the rest go to the last group."""
+    uses: dict[int, int] = {}
+    for _, mod in blocks:
+        for p in {id(q) for q in mod.parameters()}:
+            uses[p] = uses.get(p, 0) + 1
+    in_block: set[int] = set()
+    named: list[tuple[str, Any, list[nn.Parameter]]] = []
+    for name, mod in blocks:
+        params = [p for p in mod.parameters() if p.requires_grad and uses[id(p)] == 1 and id(p) not in in_block]
+        in_block.update(id(p) for p in params)
+        named.append((name, mod, params))
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in in_block]
+    named.append(("rest", None, rest))
+    return named

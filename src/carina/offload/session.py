@@ -1,0 +1,252 @@
+"""The optimizer side of offloaded training: CPU updates, clipping, profiling, planning.
+
+:class:`OffloadOptimizer` is what :func:`carina.offload.wrap` hands back in
+place of the user's optimizer. It is a real ``torch.optim.Optimizer`` (LR
+schedulers work, ``state_dict`` round-trips) whose parameters are the float32
+master weights in host RAM; an inner optimizer of the user's class and
+hyperparameters updates them one block at a time, on the runtime's CPU worker
+during backward or at ``step()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from carina.core.errors import ConfigError
+from carina.memory.tiers import Tier
+from carina.offload.blocks import ParamGroup
+from carina.offload.config import OffloadConfig
+from carina.offload.planner import Plan, PlanBudgets, make_plan
+from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
+from carina.offload.runtime import OffloadRuntime
+from carina.offload.simulator import Hardware
+
+__all__ = ["OffloadOptimizer"]
+
+log = logging.getLogger("carina.offload")
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """The user's optimizer, run on the CPU over float32 master weights.
+
+    Args:
+        user: The optimizer the user built over the model's parameters (its class
+            and per-group hyperparameters are reused; it must have no state yet).
+        runtime: The wrapped model's runtime.
+        budgets: Budgets the plan must respect.
+        on_plan: Called with each plan when it is made.
+    """
+
+    def __init__(
+        self,
+        user: torch.optim.Optimizer,
+        runtime: OffloadRuntime,
+        budgets: PlanBudgets,
+        on_plan: Callable[[Plan], None] | None = None,
+    ) -> None:
+        if user.state:
+            raise ConfigError("wrap the optimizer before its first step (it already has state)", key="optimizer")
+        self.rt = runtime
+        self.cfg: OffloadConfig = runtime.cfg
+        self.budgets = budgets
+        self.on_plan = on_plan
+        master_of = {id(p): g.masters[i] for g in runtime.groups for i, p in enumerate(g.params)}
+        groups = []
+        for group in user.param_groups:
+            missing = [p for p in group["params"] if id(p) not in master_of]
+            if missing:
+                raise ConfigError("the optimizer holds parameters that are not the model's", key="optimizer")
+            groups.append({**group, "params": [master_of[id(p)] for p in group["params"]]})
+        self.inner = type(user)(groups, **optimizer_kwargs(user))
+        super().__init__([dict(g) for g in self.inner.param_groups], self.inner.defaults)
+        self._share()
+        self.masters = [master_of[id(p)] for p in runtime.model.parameters() if id(p) in master_of]
+        self.state_bytes = state_bytes_per_param(user)
+        self.hardware: Hardware | None = None
+        self.plan: Plan | None = None
+        self.steps = 0
+        self._charged: set[int] = set()
+        self.spill: set[int] = set()  # blocks whose optimizer state lives on NVMe between updates
+        self._spilled: dict[int, list[tuple[Any, str, tuple[int, ...], torch.dtype]]] = {}
+        runtime.step_group = self.step_group
+
+    def _share(self) -> None:
+        self.param_groups = self.inner.param_groups
+        self.state = self.inner.state
+
+    # -- updates -------------------------------------------------------------------------------
+    def _attach_grads(self, g: ParamGroup) -> None:
+        for i, mp in enumerate(g.masters):
+            mp.grad = g.grad[g.slot(i)].view(mp.shape)
+
+    def step_group(self, g: ParamGroup) -> None:
+        """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time)."""
+        self._unspill(g)
+        self._attach_grads(g)
+        try:
+            self.inner.step()
+        finally:
+            for mp in g.masters:
+                mp.grad = None
+        if g.host_copy is not g.master:
+            g.host_copy.copy_(g.master)
+        g.stale = True
+        g.stepped = True
+        if g.index not in self._charged:
+            self._charged.add(g.index)
+            nbytes = sum(
+                t.numel() * t.element_size()
+                for mp in g.masters
+                for t in self.inner.state.get(mp, {}).values()
+                if isinstance(t, torch.Tensor)
+            )
+            self.rt.store.charge(Tier.HOST, nbytes, f"{g.name} optimizer state")
+        if g.index in self.spill:
+            self._spill(g)
+
+    def _spill(self, g: ParamGroup, uncharge: bool = True) -> None:
+        """Write ``g``'s optimizer state to the NVMe tier and drop it from host RAM."""
+        store = self.rt.store
+        shapes: list[tuple[Any, str, tuple[int, ...], torch.dtype]] = []
+        for k, mp in enumerate(g.masters):
+            state = self.inner.state.get(mp, {})
+            for name, t in list(state.items()):
+                if isinstance(t, torch.Tensor) and t.numel() > 1:
+                    store.put(f"state/{g.index}/{k}/{name}", t, Tier.NVME)
+                    if uncharge:
+                        store.uncharge(Tier.HOST, t.numel() * t.element_size())
+                    shapes.append((mp, name, tuple(t.shape), t.dtype))
+                    state[name] = torch.empty(0, dtype=t.dtype)
+        self._spilled[g.index] = shapes
+
+    def _unspill(self, g: ParamGroup) -> None:
+        """Read ``g``'s optimizer state back from NVMe (before its update, or for ``state_dict``)."""
+        shapes = self._spilled.pop(g.index, None)
+        if not shapes:
+            return
+        store = self.rt.store
+        index = {id(mp): k for k, mp in enumerate(g.masters)}
+        for mp, name, shape, dtype in shapes:
+            key = f"state/{g.index}/{index[id(mp)]}/{name}"
+            t = torch.empty(shape, dtype=dtype)
+            store.charge(Tier.HOST, t.numel() * t.element_size(), f"{g.name} optimizer state (from NVMe)")
+            store.read_into(key, t)
+            store.drop(key)
+            self.inner.state[mp][name] = t
+
+    def _clip(self, groups: list[ParamGroup]) -> None:
+        assert self.cfg.max_grad_norm is not None
+        for g in groups:
+            self._attach_grads(g)
+        with_grad = [mp for mp in self.masters if mp.grad is not None]
+        torch.nn.utils.clip_grad_norm_(with_grad, self.cfg.max_grad_norm)
+        for mp in with_grad:
+            mp.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Finish the step: wait for overlapped updates, clip, update the rest, plan after profiling."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        rt = self.rt
+        rt.drain()
+        new_plan = None
+        if rt.profiling and self.steps + 1 >= self.cfg.profile_steps:
+            new_plan = self.make_plan()
+        elif rt.profiling and self.steps == 0:
+            self.make_plan()  # activation sizes are known now: raises CapacityError before any update
+        todo = [g for g in rt.groups if g.has_grad and not g.stepped]
+        if self.cfg.max_grad_norm is not None and todo:
+            self._clip(todo)
+        for g in todo:
+            self.step_group(g)
+        for g in rt.groups:
+            g.stepped = False
+            g.has_grad = False
+        rt.micro = 0
+        self.steps += 1
+        if rt.profiling and new_plan is None:
+            rt.reset_timings()  # only the last profiled step's times count (the first pays warm-up)
+        if new_plan is not None:
+            rt.apply([b.activation for b in new_plan.blocks], [b.resident for b in new_plan.blocks])
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget accumulated gradients (``step()`` already consumes them)."""
+        for g in self.rt.groups:
+            self.rt.wait_updates(g)
+            g.has_grad = False
+
+    # -- planning ------------------------------------------------------------------------------
+    def make_plan(self) -> Plan:
+        """Plan from what profiling recorded; raises CapacityError when nothing fits."""
+        rt = self.rt
+        if self.hardware is None:
+            self.hardware = measure_hardware(rt.device, self.cfg, self.inner)
+        count = max(1, rt.fwd_count)
+        prof = model_profile(
+            rt.blocks,
+            rt.rest,
+            other_act_bytes=rt.other_act_bytes,
+            other_fwd_s=(rt.fwd_total - sum(g.fwd_s for g in rt.blocks)) / count,
+            state_bytes=self.state_bytes,
+            steps=count,
+        )
+        plan = make_plan(
+            prof,
+            self.budgets,
+            self.hardware,
+            policy=self.cfg.activations.value,
+            prefetch_depth=self.cfg.prefetch_depth,
+            overlap=self._will_overlap(),
+        )
+        self.plan = plan
+        self.spill = {i for i, b in enumerate(plan.blocks) if b.state_on_nvme}
+        log.info("offload plan: %s", plan.summary())
+        if self.on_plan is not None:
+            self.on_plan(plan)
+        return plan
+
+    def _will_overlap(self) -> bool:
+        from carina.offload.config import OverlapMode
+
+        mode = self.cfg.overlap
+        return mode is OverlapMode.BACKWARD or (mode is OverlapMode.AUTO and self.cfg.max_grad_norm is None)
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state; state spilled to NVMe is read into fresh tensors for the caller."""
+        for g in self.rt.groups:
+            self.rt.wait_updates(g)
+        sd = self.inner.state_dict()
+        index = {id(p): k for k, p in enumerate(p for group in self.inner.param_groups for p in group["params"])}
+        for gi, shapes in self._spilled.items():
+            g = self.rt.groups[gi]
+            local = {id(mp): k for k, mp in enumerate(g.masters)}
+            for mp, name, shape, dtype in shapes:
+                t = torch.empty(shape, dtype=dtype)
+                self.rt.store.read_into(f"state/{gi}/{local[id(mp)]}/{name}", t)
+                k = index[id(mp)]
+                sd["state"][k] = {**sd["state"][k], name: t}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load optimizer state (as saved by :meth:`state_dict`); spilled blocks go back to NVMe."""
+        for g in self.rt.groups:
+            self.rt.wait_updates(g)
+        for gi, shapes in self._spilled.items():
+            local = {id(mp): k for k, mp in enumerate(self.rt.groups[gi].masters)}
+            for mp, name, _, _ in shapes:
+                self.rt.store.drop(f"state/{gi}/{local[id(mp)]}/{name}")
+        self._spilled.clear()
+        self.inner.load_state_dict(state_dict)
+        self._share()
+        for g in self.rt.groups:
+            if g.index in self.spill and g.index in self._charged:
+                self._spill(g, uncharge=False)

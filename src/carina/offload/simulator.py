@@ -1,0 +1,258 @@
+"""A step of offloaded training, replayed on a timeline (pure Python).
+
+:func:`simulate` plays one optimizer step of a :class:`ModelProfile` under
+per-block decisions (:class:`BlockPlan`): a compute stream runs forward,
+head and backward events; one link each way carries parameter prefetches,
+swapped activations and gradients; a CPU optimizer worker updates each block
+once its gradients have arrived (during backward when ``overlap``). Each
+event records the device bytes live during it and when its block's
+parameters became ready, so tests can check that a plan never exceeds its
+budget and never computes with parameters before their prefetch completed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "Action",
+    "BlockPlan",
+    "BlockProfile",
+    "Hardware",
+    "ModelProfile",
+    "SimEvent",
+    "StepTime",
+    "host_bytes",
+    "simulate",
+]
+
+
+class Action(enum.Enum):
+    """What a block's saved activations do between forward and backward."""
+
+    KEEP = "keep"
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """One repeated block as profiled: device bytes, parameters, activations, time."""
+
+    name: str
+    param_bytes: int
+    numel: int
+    act_bytes: int
+    fwd_s: float
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The profiled model: its blocks and the parameters/activations outside them."""
+
+    blocks: tuple[BlockProfile, ...]
+    resident_param_bytes: int
+    resident_numel: int
+    other_act_bytes: int
+    other_fwd_s: float
+    state_bytes_per_param: int = 8  # AdamW m and v in float32
+    copy_bytes_per_param: int = 0  # host gradient staging + compute copy, in the compute dtype
+    bwd_over_fwd: float = 2.0
+
+    @property
+    def numel(self) -> int:
+        """All trainable parameters."""
+        return self.resident_numel + sum(b.numel for b in self.blocks)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Measured rates: bytes/s each way over PCIe, parameters/s of the CPU optimizer, disk bytes/s."""
+
+    h2d: float
+    d2h: float
+    optim: float
+    disk: float
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The decisions for one block."""
+
+    resident: bool = False
+    activation: Action = Action.RECOMPUTE
+    state_on_nvme: bool = False
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted seconds per step, split by resource, and the bottleneck."""
+
+    compute: float
+    h2d: float
+    d2h: float
+    cpu_optimizer: float
+    disk: float
+    predicted: float
+    bottleneck: str
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """One compute event of the simulated step and the device bytes live during it."""
+
+    kind: str  # "fwd" | "head" | "bwd"
+    block: int
+    device_bytes: int
+    start: float
+    end: float
+    ready: float  # when this block's parameters were on the device
+
+
+def _window(i: int, n: int, depth: int, forward: bool) -> range:
+    return range(i, min(n, i + depth + 1)) if forward else range(max(0, i - depth), i + 1)
+
+
+def _params_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], window: range) -> int:
+    streamed = sum(prof.blocks[j].param_bytes for j in window if not blocks[j].resident)
+    resident = sum(b.param_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.resident)
+    return prof.resident_param_bytes + resident + streamed
+
+
+def _acts_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], upto: int, forward: bool) -> int:
+    kept = sum(prof.blocks[j].act_bytes for j in range(upto) if blocks[j].activation is Action.KEEP)
+    current = prof.blocks[upto].act_bytes if upto < len(blocks) else 0
+    if forward and upto > 0 and blocks[upto - 1].activation is Action.SWAP:
+        current += prof.blocks[upto - 1].act_bytes  # still draining to host
+    if not forward and upto > 0 and blocks[upto - 1].activation is Action.SWAP:
+        current += prof.blocks[upto - 1].act_bytes  # prefetched back for the next block
+    return kept + current
+
+
+def _grads_live(prof: ModelProfile, i: int) -> int:
+    nxt = prof.blocks[i + 1].param_bytes if i + 1 < len(prof.blocks) else prof.resident_param_bytes
+    return prof.blocks[i].param_bytes + nxt  # this block's grads + the previous one's, still draining
+
+
+class _Timeline:
+    """Clocks of the compute stream, both links and the optimizer worker, plus per-resource totals."""
+
+    def __init__(self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int):
+        self.blocks, self.prof, self.hw, self.depth = blocks, prof, hw, depth
+        self.now = self.h2d = self.d2h = self.optim = 0.0
+        self.ready = [0.0 if p.resident else -1.0 for p in blocks]
+        self.totals = dict.fromkeys(("compute", "h2d", "d2h", "cpu_optimizer", "disk"), 0.0)
+        self.events: list[SimEvent] = []
+        self.opts: list[tuple[float, float]] = []  # (gradients ready, optimizer seconds)
+
+    def fetch_window(self, i: int, forward: bool) -> None:
+        for j in _window(i, len(self.blocks), self.depth, forward):
+            if self.ready[j] < 0:
+                dt = self.prof.blocks[j].param_bytes / self.hw.h2d
+                self.h2d = max(self.h2d, self.now) + dt
+                self.totals["h2d"] += dt
+                self.ready[j] = self.h2d
+
+    def run(self, kind: str, i: int, dur: float, device_bytes: int, after: float = 0.0) -> None:
+        ready = self.ready[i] if i < len(self.blocks) else 0.0
+        start = max(self.now, ready, after)
+        self.now = start + dur
+        self.totals["compute"] += dur
+        self.events.append(SimEvent(kind, i, device_bytes, start, self.now, ready))
+
+    def send_d2h(self, nbytes: int) -> float:
+        dt = nbytes / self.hw.d2h
+        self.d2h = max(self.d2h, self.now) + dt
+        self.totals["d2h"] += dt
+        return self.d2h
+
+    def forward(self) -> None:
+        prof, blocks, n = self.prof, self.blocks, len(self.blocks)
+        for i in range(n):
+            self.fetch_window(i, True)
+            live = _params_live(prof, blocks, _window(i, n, self.depth, True)) + _acts_live(prof, blocks, i, True)
+            self.run("fwd", i, prof.blocks[i].fwd_s, live)
+            if blocks[i].activation is Action.SWAP:
+                self.send_d2h(prof.blocks[i].act_bytes)
+            if i < n - 1 and not blocks[i].resident:
+                self.ready[i] = -1.0  # released after forward; the last block stays for backward
+        live = prof.resident_param_bytes * 2 + prof.other_act_bytes + _acts_live(prof, blocks, n, False)
+        live += sum(b.param_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.resident)
+        self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live)
+        self.opts.append((self.send_d2h(prof.resident_param_bytes), prof.resident_numel / self.hw.optim))
+        self.totals["cpu_optimizer"] += prof.resident_numel / self.hw.optim
+
+    def backward(self) -> None:
+        prof, blocks, n = self.prof, self.blocks, len(self.blocks)
+        for i in reversed(range(n)):
+            self.fetch_window(i, False)
+            act_ready = 0.0
+            if blocks[i].activation is Action.SWAP:  # prefetched while the block above ran backward
+                dt = prof.blocks[i].act_bytes / self.hw.h2d
+                issued = self.events[-1].start if self.events else 0.0
+                self.h2d = max(self.h2d, issued) + dt
+                self.totals["h2d"] += dt
+                act_ready = self.h2d
+            dur = prof.blocks[i].fwd_s * (prof.bwd_over_fwd + (blocks[i].activation is Action.RECOMPUTE))
+            live = (
+                _params_live(prof, blocks, _window(i, n, self.depth, False))
+                + _acts_live(prof, blocks, i, False)
+                + prof.other_act_bytes
+                + _grads_live(prof, i)
+            )
+            self.run("bwd", i, dur, live, act_ready)
+            cpu = prof.blocks[i].numel / self.hw.optim
+            disk = (
+                2 * prof.blocks[i].numel * prof.state_bytes_per_param / self.hw.disk if blocks[i].state_on_nvme else 0.0
+            )
+            self.totals["cpu_optimizer"] += cpu
+            self.totals["disk"] += disk
+            self.opts.append((self.send_d2h(prof.blocks[i].param_bytes), cpu + disk))
+
+    def optimizer_end(self, overlap: bool) -> float:
+        if not overlap:
+            return max(self.now, self.d2h) + sum(s for _, s in self.opts)
+        for ready, seconds in self.opts:
+            self.optim = max(self.optim, ready) + seconds
+        return self.optim
+
+
+def simulate(
+    blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool = True
+) -> tuple[list[SimEvent], StepTime]:
+    """Replay one step of ``prof`` under ``blocks``.
+
+    Args:
+        blocks: One decision per profiled block.
+        prof: The profile.
+        hw: Rates of the links and the CPU optimizer.
+        depth: Prefetch depth in blocks.
+        overlap: Whether the optimizer updates blocks during backward.
+
+    Returns:
+        The compute events (live device bytes, times) and the predicted step time.
+    """
+    tl = _Timeline(blocks, prof, hw, depth)
+    tl.forward()
+    tl.backward()
+    step = max(tl.now, tl.d2h, tl.optimizer_end(overlap))
+    bottleneck = max(tl.totals, key=lambda k: tl.totals[k])
+    return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck)
+
+
+def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, int]:
+    """Host and NVMe bytes a plan needs (masters, gradients, copies, states, swapped activations)."""
+    per_param = 4 + 4 + prof.copy_bytes_per_param  # master, gradient, compute copy
+    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param
+    nvme = staged = 0
+    for b, p in zip(prof.blocks, blocks, strict=True):
+        state = b.numel * prof.state_bytes_per_param
+        if p.state_on_nvme:
+            nvme += state
+            staged = max(staged, state)  # one spilled block's state is in RAM during its update
+        else:
+            host += state
+        if p.activation is Action.SWAP:
+            host += b.act_bytes
+    return host + staged, nvme

@@ -1,0 +1,78 @@
+"""Copies between host and device on side streams, ordered by events.
+
+On CUDA, host-to-device and device-to-host copies run on their own streams so
+they overlap compute; every copy is ordered after the compute work issued
+before it (an event on the compute stream) and hands back an event the
+consumer waits on. With ``device="cpu"`` the same calls copy synchronously and
+return ``None``, so the runtime runs one code path everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["Mover"]
+
+
+class Mover:
+    """Issues H2D/D2H copies for one device and tracks the events that order them.
+
+    Args:
+        device: The compute device.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.h2d_stream: Any = torch.cuda.Stream(device)
+            self.d2h_stream: Any = torch.cuda.Stream(device)
+
+    def _after_compute(self, stream: Any) -> None:
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def to_device(self, dst: torch.Tensor, src: torch.Tensor, after: Any = None) -> Any:
+        """Copy host ``src`` into device ``dst``; returns the event marking completion (None on CPU).
+
+        The copy starts after the compute work issued so far and after ``after`` (an event).
+        """
+        if not self.cuda:
+            dst.copy_(src)
+            return None
+        self._after_compute(self.h2d_stream)
+        if after is not None:
+            self.h2d_stream.wait_event(after)
+        with torch.cuda.stream(self.h2d_stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.h2d_stream)
+        return event
+
+    def to_host(self, dst: torch.Tensor, src: torch.Tensor) -> Any:
+        """Copy device ``src`` into (pinned) host ``dst``; returns the completion event (None on CPU).
+
+        ``src`` is kept alive for the copy (``record_stream``), so callers may drop it.
+        """
+        if not self.cuda:
+            dst.copy_(src)
+            return None
+        self._after_compute(self.d2h_stream)
+        with torch.cuda.stream(self.d2h_stream):
+            dst.copy_(src, non_blocking=True)
+            src.record_stream(self.d2h_stream)
+            event = torch.cuda.Event()
+            event.record(self.d2h_stream)
+        return event
+
+    def wait_on_compute(self, event: Any) -> None:
+        """Make the compute stream wait for ``event`` (no-op for None)."""
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+
+    @staticmethod
+    def wait_on_host(event: Any) -> None:
+        """Block the calling thread until ``event`` completed (no-op for None)."""
+        if event is not None:
+            event.synchronize()

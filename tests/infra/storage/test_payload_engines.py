@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from carina.core.errors import BackendUnavailable, IOEngineError
+from carina.infra.storage.codecs import Codec, Op
+from carina.infra.storage.config import EngineConfig, EngineKind
+from carina.infra.storage.engines import InlineEngine, ProcessEngine, TorchEngine, build_engine
+
+B = 16 << 10
+
+
+def _fill(engine, blocks: list[bytes]) -> None:
+    for i, blk in enumerate(blocks):
+        engine.arena.view[i * B : (i + 1) * B] = blk
+
+
+def _blocks() -> list[bytes]:
+    text = (b"carina storage tier " * 1000)[:B]
+    sparse = bytearray(B)
+    sparse[::50] = b"\x07" * len(sparse[::50])
+    return [text, os.urandom(B), bytes(sparse), bytes(B)] * 4
+
+
+async def _compress_in_many_submits(engine, n: int, codec: Codec) -> list[list[tuple[int, int, int]]]:
+    # one submit per block, all in the same loop turn: the engine must coalesce and split them back
+    subs = [engine.run([(Op.COMPRESS, codec, i * B, B, (n + i) * B, B, 0)]) for i in range(n)]
+    return await asyncio.gather(*subs)
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
+def test_process_pool_matches_inline_and_coalesces(codec: Codec) -> None:
+    blocks = _blocks()
+    n = len(blocks)
+    inline, pool = InlineEngine(4 * n * B), ProcessEngine(4 * n * B, workers=2)
+    try:
+        for engine in (inline, pool):
+            _fill(engine, blocks)
+        ref = asyncio.run(_compress_in_many_submits(inline, n, codec))
+        got = asyncio.run(_compress_in_many_submits(pool, n, codec))
+        assert got == ref
+        assert pool.batches == 1 and pool.jobs == n
+        assert bytes(pool.arena.view[n * B : 2 * n * B]) == bytes(inline.arena.view[n * B : 2 * n * B])
+    finally:
+        inline.close()
+        pool.close()
+
+
+def test_torch_engine_on_cpu_matches_the_inline_zvc_path() -> None:
+    blocks = _blocks()
+    n = len(blocks)
+    inline, torch_engine = InlineEngine(4 * n * B), TorchEngine(4 * n * B, device="cpu")
+    try:
+        for engine in (inline, torch_engine):
+            _fill(engine, blocks)
+        assert asyncio.run(_compress_in_many_submits(torch_engine, n, Codec.ZVC)) == asyncio.run(
+            _compress_in_many_submits(inline, n, Codec.ZVC)
+        )
+    finally:
+        inline.close()
+        torch_engine.close()
+
+
+def test_dead_worker_fails_requests_instead_of_hanging() -> None:
+    pool = ProcessEngine(4 * B, workers=1)
+    try:
+        pool._procs[0].kill()
+        pool._procs[0].join()
+
+        async def go() -> None:
+            await asyncio.wait_for(pool.run([(Op.COMPRESS, Codec.LZ4, 0, B, B, B, 0)]), 30)
+
+        with pytest.raises((IOEngineError, OSError)):
+            asyncio.run(go())
+    finally:
+        pool.close()
+
+
+def test_build_engine_refuses_codecs_an_engine_cannot_run() -> None:
+    with pytest.raises(BackendUnavailable, match="no lz4 kernel"):
+        build_engine(EngineConfig(kind=EngineKind.TORCH, device="cpu"), arena_bytes=B, codec=Codec.LZ4)
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailable, match="CUDA"):
+            TorchEngine(B, device="cuda")

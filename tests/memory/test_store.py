@@ -1,0 +1,112 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carina.core.errors import CapacityError, ConfigError
+from carina.memory import TensorStore, Tier, TierBudgets
+from carina.memory.nvme import ExtentAllocator
+from carina.memory.tiers import format_bytes, parse_bytes
+
+
+def test_budgets_are_checked_before_bytes_move():
+    store = TensorStore(TierBudgets(device=1000, host=4096))
+    store.charge(Tier.DEVICE, 600, "a")
+    with pytest.raises(CapacityError) as err:
+        store.charge(Tier.DEVICE, 500, "b")
+    assert err.value.context == {"tier": "device", "requested": 500, "used": 600, "budget": 1000}
+    assert store.used(Tier.DEVICE) == 600  # nothing charged by the failed request
+    store.uncharge(Tier.DEVICE, 600)
+    assert store.peak(Tier.DEVICE) == 600 and store.used(Tier.DEVICE) == 0
+    store.put("x", torch.arange(512, dtype=torch.float32), Tier.HOST)  # 2048 B
+    with pytest.raises(CapacityError):
+        store.put("y", torch.zeros(1024), Tier.HOST)
+    assert store.keys() == ["x"]
+    with pytest.raises(ConfigError):
+        store.put("x", torch.zeros(1), Tier.HOST)
+
+
+def test_nvme_tier_roundtrip_through_carina_io(tmp_path):
+    store = TensorStore(TierBudgets(host=1 << 20, nvme=1 << 20, nvme_path=tmp_path))
+    values = {f"t{i}": torch.randn(100 + 37 * i) for i in range(6)}
+    for key, value in values.items():
+        store.put(key, value, Tier.NVME)
+    assert store.used(Tier.NVME) == sum(v.numel() * 4 for v in values.values())
+    store.drop("t2")
+    store.move("t3", Tier.HOST)
+    assert store.tier_of("t3") is Tier.HOST
+    store.move("t3", Tier.NVME)
+    for key, value in values.items():
+        if key != "t2":
+            assert torch.equal(store.get(key), value)
+            out = torch.empty_like(value)
+            store.read_into(key, out)
+            assert torch.equal(out, value)
+    stats = store.stats()
+    assert stats.moved["host->nvme"] == values["t3"].numel() * 4
+    assert stats.moved["nvme->host"] > 0
+    assert [row["tier"] for row in stats.rows()] == ["device", "host", "nvme"]
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1
+    store.close()
+    assert not list(tmp_path.iterdir()) and store.used(Tier.NVME) == 0
+
+
+def test_nvme_budget_and_config_errors(tmp_path):
+    with pytest.raises(ConfigError):
+        TierBudgets(nvme=1 << 20)  # no path
+    store = TensorStore(TierBudgets(nvme=8192, nvme_path=tmp_path))
+    store.put("a", torch.zeros(1024), Tier.NVME)
+    with pytest.raises(CapacityError):
+        store.put("b", torch.zeros(4096), Tier.NVME)
+    store.close()
+    no_nvme = TensorStore(TierBudgets())
+    with pytest.raises(CapacityError):
+        no_nvme.put("a", torch.zeros(4), Tier.NVME)
+
+
+def test_extent_allocator_reuses_and_merges():
+    alloc = ExtentAllocator(16 * 4096)
+    a, b, c = alloc.alloc(5000), alloc.alloc(4096), alloc.alloc(1)
+    assert (a.offset, a.length, b.offset, c.offset) == (0, 8192, 8192, 12288)
+    alloc.free(b)
+    alloc.free(a)
+    merged = alloc.alloc(3 * 4096)
+    assert merged.offset == 0 and alloc.used == 4 * 4096
+    with pytest.raises(CapacityError):
+        alloc.alloc(13 * 4096)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("24GB", 24 << 30), ("512MiB", 512 << 20), ("1.5k", 1536), ("4096", 4096), (7, 7)]
+)
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "GB", "12XB", "-4", "1..2G"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(ValueError):
+        parse_bytes(text)
+
+
+def test_format_bytes():
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(3 << 30) == "3.0 GiB"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=12))
+def test_parse_bytes_never_fails_with_anything_but_value_error(text):
+    try:
+        value = parse_bytes(text)
+    except ValueError:
+        return
+    assert isinstance(value, int) and value >= 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 1 << 50), st.sampled_from(["", "B", "KiB", "MiB", "GiB", "k", "GB"]))
+def test_parse_bytes_integer_units(n, unit):
+    scale = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "k": 1 << 10, "GB": 1 << 30}[unit]
+    assert parse_bytes(f"{n}{unit}") == n * scale

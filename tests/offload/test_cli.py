@@ -1,0 +1,68 @@
+"""``carina train`` and ``carina offload`` through the root CLI."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from carina.cli.app import app
+
+runner = CliRunner()
+
+
+def test_train_json_on_a_tiny_model_stays_within_budget():
+    res = runner.invoke(
+        app,
+        ["train", "--model", "tiny", "--steps", "4", "--seq-len", "32", "--device", "cpu",
+         "--device-budget", "1500KiB", "--lr", "0.01", "--json"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    result = out["result"]
+    assert out["config"]["offload"]["device_budget"] == 1500 << 10
+    assert len(result["losses"]) == 4 and result["losses"][-1] < result["losses"][0]
+    assert result["within_budget"] is True
+    assert result["memory"]["device"]["peak"] <= 1500 << 10
+    # weights, gradients and AdamW state (16 B/param) are about twice the device budget
+    assert result["params"] * 16 > 1.8 * result["memory"]["device"]["budget"]
+    assert result["plan"]["blocks"]["streamed"] >= 1
+    assert result["moved_per_step"]["host->device"] > 0
+
+
+def test_train_reports_capacity_error_with_exit_status_2():
+    res = runner.invoke(app, ["train", "--model", "tiny", "--device", "cpu", "--device-budget", "100KiB", "--json"])
+    assert res.exit_code == 2
+    assert "device budget" in res.output and "at least" in res.output
+
+
+def test_train_rejects_bad_sizes_and_configs(tmp_path):
+    res = runner.invoke(app, ["train", "--model", "tiny", "--device-budget", "lots", "--json"])
+    assert res.exit_code == 2 and "not a size" in res.output
+    bad = tmp_path / "train.toml"
+    bad.write_text("steps = 3\nwarp = 9\n")
+    res = runner.invoke(app, ["train", "--config", str(bad), "--json"])
+    assert res.exit_code == 2 and "warp" in res.output
+
+
+def test_offload_plan_for_7b_in_24gb_and_what_does_not_fit():
+    res = runner.invoke(app, ["offload", "plan", "--model", "llama2-7b", "--tokens", "8192", "--json"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.stdout)
+    assert plan["basis"] == "modeled" and plan["params"] == 6_738_415_616
+    assert plan["bytes"]["device_peak"] <= 24 << 30
+    assert plan["bottleneck"] in {"compute", "h2d", "d2h", "cpu_optimizer", "disk"}
+    res = runner.invoke(app, ["offload", "plan", "--model", "llama2-7b", "--host-budget", "64GB", "--json"])
+    assert res.exit_code == 2 and "host budget" in res.output
+    res = runner.invoke(
+        app, ["offload", "plan", "--model", "llama2-7b", "--host-budget", "100GB", "--nvme-budget", "1TB", "--json"]
+    )
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["blocks"]["state_on_nvme"] > 0
+
+
+def test_presets_listed():
+    res = runner.invoke(app, ["offload", "presets", "--json"])
+    assert res.exit_code == 0
+    names = [row["name"] for row in json.loads(res.stdout)]
+    assert {"tiny", "demo", "llama2-7b"} <= set(names)
