@@ -15,7 +15,7 @@ APT_PACKAGES=(
   qemu-system-x86 qemu-utils qemu-system-common qemu-block-extra ipxe-qemu
   linux-image-cloud-amd64 busybox-static
   tgt nbdkit libnbd-bin python3-libnbd nbd-client fio mmdebstrap
-  e2fsprogs xfsprogs dosfstools lvm2 fdisk
+  e2fsprogs xfsprogs dosfstools lvm2 fdisk rpm
 )
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -149,9 +149,7 @@ class Carina:
         self.name = f"carina-{writer}"
         # Pin both staging arenas before training (params + two Adam moments, fp32), not inside the first save.
         state_bytes = 3 * sum(p.numel() * 4 for p in model.parameters()) + (64 << 20)
-        self.ckpt = Checkpointer(
-            Config(dir=str(root), writer=WriterKind(writer), keep_last=1, arena_bytes=state_bytes)
-        )
+        self.ckpt = Checkpointer(Config(dir=str(root), writer=WriterKind(writer), keep_last=1, arena_bytes=state_bytes))
         self.state = {"model": model, "optim": opt}
 
     def start(self, step: int) -> None:

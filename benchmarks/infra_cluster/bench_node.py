@@ -44,16 +44,36 @@ def node_record(config: RunConfig) -> dict:
     for result in report.results:
         for key, value in result.metrics.items():
             unit = next((u for suffix, u in UNITS.items() if key.endswith(suffix)), None)
-            if unit is None or "_busbw_" in key and "peak" not in key:
+            if unit is None or ("_busbw_" in key and "peak" not in key):
                 continue
             peers = {f"known-good {gpu}": good[key]} if key in good else {}
-            figures.append(Figure(name=f"{result.name}.{key}", value=float(value), unit=unit,
-                                  ceiling=peaks.get(key), ceiling_source=source if key in peaks else "", peers=peers))
-    metrics = {"label": report.label.value, "gpu": gpu,
-               "results": [{"check": r.name, "status": r.status.value, "message": r.message, "metrics": r.metrics,
-                            "seconds": r.seconds} for r in report.results]}
-    return make_record(name="cluster_node", figures=figures, config=config, metrics=metrics,
-                       command=" ".join(["python", *sys.argv]))
+            figures.append(
+                Figure(
+                    name=f"{result.name}.{key}",
+                    value=float(value),
+                    unit=unit,
+                    ceiling=peaks.get(key),
+                    ceiling_source=source if key in peaks else "",
+                    peers=peers,
+                )
+            )
+    metrics = {
+        "label": report.label.value,
+        "gpu": gpu,
+        "results": [
+            {
+                "check": r.name,
+                "status": r.status.value,
+                "message": r.message,
+                "metrics": r.metrics,
+                "seconds": r.seconds,
+            }
+            for r in report.results
+        ],
+    }
+    return make_record(
+        name="cluster_node", figures=figures, config=config, metrics=metrics, command=" ".join(["python", *sys.argv])
+    )
 
 
 def vela_record() -> dict:
@@ -63,17 +83,40 @@ def vela_record() -> dict:
     for gbit in (25, 50, 100, 400):
         pred = predict(shape, Cluster(gpus=1536, inter_gbit=gbit), layout)
         metrics[f"{gbit}gbit"] = {"tflops_per_gpu": pred.tflops_per_gpu, "breakdown_s": pred.breakdown_s}
-        figures.append(Figure(name=f"vela_50b_1536gpu_{gbit}gbit.fraction_of_ideal", value=pred.fraction_of_ideal,
-                              unit="fraction", ceiling=1.0, ceiling_source="infinitely fast network",
-                              basis=Basis.MODELED))
-    small = predict(ModelShape(layers=62, hidden=8192, global_batch=32), Cluster(gpus=32, inter_gbit=25),
-                    Layout(tensor=8, pipeline=4, data=1))
+        figures.append(
+            Figure(
+                name=f"vela_50b_1536gpu_{gbit}gbit.fraction_of_ideal",
+                value=pred.fraction_of_ideal,
+                unit="fraction",
+                ceiling=1.0,
+                ceiling_source="infinitely fast network",
+                basis=Basis.MODELED,
+            )
+        )
+    small = predict(
+        ModelShape(layers=62, hidden=8192, global_batch=32),
+        Cluster(gpus=32, inter_gbit=25),
+        Layout(tensor=8, pipeline=4, data=1),
+    )
     large = predict(shape, Cluster(gpus=1536, inter_gbit=25), layout)
-    figures.append(Figure(name="vela_50b_weak_scaling_32_to_1536", value=large.tflops_per_gpu / small.tflops_per_gpu,
-                          unit="fraction", ceiling=1.0, ceiling_source="perfect scaling",
-                          peers={"Vela paper (~80%)": 0.80}, basis=Basis.MODELED))
-    return make_record(name="cluster_model_vela", figures=figures, config={"shape": shape.to_dict(),
-                       "layout": layout.to_dict()}, metrics=metrics, command=" ".join(["python", *sys.argv]))
+    figures.append(
+        Figure(
+            name="vela_50b_weak_scaling_32_to_1536",
+            value=large.tflops_per_gpu / small.tflops_per_gpu,
+            unit="fraction",
+            ceiling=1.0,
+            ceiling_source="perfect scaling",
+            peers={"Vela paper (~80%)": 0.80},
+            basis=Basis.MODELED,
+        )
+    )
+    return make_record(
+        name="cluster_model_vela",
+        figures=figures,
+        config={"shape": shape.to_dict(), "layout": layout.to_dict()},
+        metrics=metrics,
+        command=" ".join(["python", *sys.argv]),
+    )
 
 
 def main() -> None:

@@ -28,8 +28,15 @@ BLOCK = 4 << 20
 
 
 def find_fio(given: str | None) -> str | None:
-    """The fio binary to use: ``given`` when set, else the one on ``PATH`` (or None)."""
+    """The fio binary: ``given`` when set (``none``: do not use fio), else fio on ``PATH`` (or None)."""
+    if given == "none":
+        return None
     return given or shutil.which("fio")
+
+
+def _block(size: int) -> int:
+    """4 MiB, or the largest 4 KiB multiple within a smaller file."""
+    return max(4096, min(BLOCK, size // 4096 * 4096))
 
 
 def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> float:
@@ -42,7 +49,7 @@ def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> float:
             f"--size={size}",
             "--direct=1",
             f"--rw={rw}",
-            f"--bs={BLOCK}",
+            f"--bs={_block(size)}",
             f"--ioengine={engine}",
             "--iodepth=16",
             "--time_based",
@@ -63,16 +70,17 @@ def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> float:
 
 
 def _threaded(path: Path, size: int, write: bool, seconds: float) -> float:
-    blocks = max(1, size // BLOCK)
+    block = _block(size)
+    blocks = max(1, size // block)
     flags = (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | os.O_DIRECT
     fd = os.open(path, flags, 0o644)
-    bufs = [aligned_buffer(BLOCK) for _ in range(8)]
+    bufs = [aligned_buffer(block) for _ in range(8)]
     for b in bufs:
-        b[:] = np.arange(BLOCK, dtype=np.uint8)
+        b[:] = np.arange(block, dtype=np.uint8)
     call = os.pwritev if write else os.preadv
 
     def one(job: tuple[int, int]) -> int:
-        return call(fd, [bufs[job[0] % 8]], (job[1] % blocks) * BLOCK)
+        return call(fd, [bufs[job[0] % 8]], (job[1] % blocks) * block)
 
     done, t0, turn = 0, time.perf_counter(), 0
     try:

@@ -34,6 +34,10 @@ def test_every_subsystem_has_a_page_with_an_example():
         "infra.storage",
         "infra.provision",
         "infra.cluster",
+        "offload.disagg",
+        "gnn.placement",
+        "security.tee",
+        "security.faults",
         "security.risk",
         "security.introspect",
     ]

@@ -50,6 +50,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "warmup": 2,
         "systems": PEERS,
     },
+    "h100-1b": {
+        "shape": "1b",
+        "tokens": [8192],
+        "budget": 8.0,
+        "seq_len": 2048,
+        "steps": 3,
+        "warmup": 1,
+        "systems": ["plain", *PEERS],
+    },
     "h100-3b-check": {
         "shape": "3b",
         "tokens": [8192],

@@ -55,14 +55,15 @@ def run_carina(spec: RunSpec) -> RunResult:
 
     device = resolve_device(spec.device)
     model = build_model(spec, device="cpu")
-    budget = int(spec.gpu_budget_gib * 2**30) if spec.gpu_budget_gib else None
+    # carina plans within 75% of the cap: the rest is the caching allocator's headroom.
+    budget = int(0.75 * spec.gpu_budget_gib * 2**30) if spec.gpu_budget_gib else None
     cfg = co.OffloadConfig(
         device=device, device_budget=budget, nvme_path=spec.nvme_path, nvme_budget=(200 << 30) if spec.nvme_path else 0
     )
     model, opt = co.wrap(model, cfg, optimizer=torch.optim.AdamW(model.parameters(), **OPTIM))
     cap_gpu(spec, device)
     result = timed_loop(spec, _hf_step(model, opt, device), device)
-    result.settings = {"config": cfg.to_dict()}
+    result.settings = {"config": cfg.to_dict(), "plan_budget": "75% of the cap"}
     return result
 
 
@@ -88,7 +89,7 @@ def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
     cap_gpu(spec, device)
     _init_single_process_group(device)
     mesh = init_device_mesh("cuda", (1,))
-    model = build_model(spec, device="cpu")
+    model = build_model(spec, device="cpu", checkpointing=True)
     kwargs = {
         "mesh": mesh,
         "offload_policy": CPUOffloadPolicy(pin_memory=True),
@@ -100,6 +101,7 @@ def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
     opt = torch.optim.AdamW(model.parameters(), **OPTIM, fused=True)
     result = timed_loop(spec, _hf_step(model, opt, device), device)
     result.settings = {
+        "activation_checkpointing": "HF gradient_checkpointing_enable()",
         "fully_shard": "per decoder layer + root",
         "offload": "CPUOffloadPolicy(pin_memory=True)",
         "mp": "bf16 params, fp32 reduce",
@@ -118,10 +120,14 @@ def run_torchao_cpu_offload(spec: RunSpec) -> RunResult:
     from torchao.optim import CPUOffloadOptimizer
 
     cap_gpu(spec, device)
-    model = build_model(spec, device=device)
+    model = build_model(spec, device=device, checkpointing=True)
     opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True, **OPTIM)
     result = timed_loop(spec, _hf_step(model, opt, device), device)
-    result.settings = {"optimizer": "CPUOffloadOptimizer(AdamW, fused=True)", "offload_gradients": False}
+    result.settings = {
+        "optimizer": "CPUOffloadOptimizer(AdamW, fused=True)",
+        "offload_gradients": False,
+        "activation_checkpointing": "HF gradient_checkpointing_enable()",
+    }
     return result
 
 
@@ -171,7 +177,7 @@ def _run_deepspeed(spec: RunSpec, *, nvme: bool) -> RunResult:
     _init_single_process_group(device)
     config = _ds_config(spec, nvme)
     with deepspeed.zero.Init(config_dict_or_path=config, remote_device="nvme" if nvme else "cpu", pin_memory=True):
-        model = build_model(spec, device="cpu")
+        model = build_model(spec, device=None, checkpointing=True)
     engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
 
     def step(tokens: Any) -> float:
@@ -182,7 +188,7 @@ def _run_deepspeed(spec: RunSpec, *, nvme: bool) -> RunResult:
         return float(loss.detach())
 
     result = timed_loop(spec, step, device)
-    result.settings = {"deepspeed_config": config}
+    result.settings = {"deepspeed_config": config, "activation_checkpointing": "HF gradient_checkpointing_enable()"}
     result.versions["deepspeed"] = deepspeed.__version__
     return result
 

@@ -84,14 +84,18 @@ def llama_config(spec: RunSpec) -> Any:
     )
 
 
-def build_model(spec: RunSpec, *, device: str = "cpu") -> Any:
-    """The Llama model of ``spec``, seeded, random init, fp32, on ``device``."""
+def build_model(spec: RunSpec, *, device: str | None = "cpu", checkpointing: bool = False) -> Any:
+    """The Llama model of ``spec``, seeded, random init, fp32, on ``device`` (None: the caller's context)."""
+    import contextlib
+
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(spec.seed)
-    with torch.device(device):
+    with torch.device(device) if device else contextlib.nullcontext():
         model = LlamaForCausalLM(llama_config(spec))
+    if checkpointing:  # per-layer activation checkpointing, as the peers' docs recommend under a memory cap
+        model.gradient_checkpointing_enable()
     model.config.use_cache = False
     return model
 

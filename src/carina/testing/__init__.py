@@ -28,9 +28,7 @@ def shared_data(name: str) -> Path:
     Raises:
         FileNotFoundError: The shared folder or the data set is absent.
     """
-    root = (
-        Path(SHARED_DIR.get()) if SHARED_DIR.get() else Path(__file__).resolve().parents[3] / ".." / "shared"
-    )
+    root = Path(SHARED_DIR.get()) if SHARED_DIR.get() else Path(__file__).resolve().parents[3] / ".." / "shared"
     path = (root / "data" / name).resolve()
     if not path.exists():
         raise FileNotFoundError(f"shared data {name!r} not found at {path} (set CARINA_SHARED_DIR)")

@@ -1,0 +1,258 @@
+"""SkyNet (DAC-SDC 2019 winner, arXiv 1906.10327) in PyTorch, written from its published architecture.
+
+Input 3x160x320 (RGB in [0, 1]); six depthwise-separable bundles (3x3 depthwise +
+BN + ReLU6, 1x1 pointwise + BN + ReLU6) with 48, 96, 192, 384, 512 channels and
+2x2 max pools; the 192-channel map is reorganised (stride 2, 768 channels) and
+concatenated with the 512-channel map (1280 channels) -> bundle to 96 -> 1x1 conv
+to 2 anchors x (x, y, w, h, conf) on a 20x40 grid. One object per image: the
+cell/anchor with the highest confidence; boxes in 640x360 pixels.
+
+:class:`SkyNet` runs as an explicit list of convolution *stages* so that a
+campaign can start from cached activations before the first faulted stage, and
+in one of two numeric modes: float (BN folded, any dtype) or the accelerator's
+fixed-point types (see :mod:`carina.security.faults.fixedpoint`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from carina.core.errors import ModelFormatError
+from carina.security.faults.fixedpoint import ACCUMULATOR, FEATURE, WEIGHT
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ANCHORS", "Numeric", "SkyNet", "Stage", "decode_boxes", "load_image", "load_skynet"]
+
+ANCHORS = ((1.4940052559648322, 2.3598481287086823), (4.0113013115312155, 5.760873975661669))
+GRID_H, GRID_W = 20, 40
+IN_H, IN_W = 160, 320
+OUT_W, OUT_H = 640, 360
+BUNDLES: tuple[tuple[str, int, int], ...] = (
+    ("model_p1.0", 3, 48),
+    ("model_p1.2", 48, 96),
+    ("model_p1.4", 96, 192),
+    ("model_p2.1", 192, 384),
+    ("model_p2.2", 384, 512),
+    ("model_p3.0", 1280, 96),
+)
+
+
+class Numeric(enum.Enum):
+    """How the network computes."""
+
+    FLOAT = "float"  # BN folded, float32 or float64
+    FIXED = "fixed"  # the accelerator's ap_fixed types (features 9,3; accumulators 12,4; weights 11,4)
+
+
+@dataclass
+class Stage:
+    """One convolution as the accelerator runs it: BN folded into weight and bias.
+
+    ``after`` is what follows the convolution: ``relu6`` (+ optional ``pool``), or
+    nothing for the last 1x1 layer.
+    """
+
+    name: str
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    groups: int
+    relu6: bool = True
+    pool_after: bool = False
+    macs: int = 0
+    out_shape: tuple[int, int, int] = (0, 0, 0)
+
+
+def _fold(h5: Any, conv: str, bn: str) -> tuple[Any, Any]:
+    import numpy as np
+
+    w = np.asarray(h5[f"{conv}.weight"], dtype=np.float64)
+    gamma, beta = np.asarray(h5[f"{bn}.weight"], np.float64), np.asarray(h5[f"{bn}.bias"], np.float64)
+    mean, var = np.asarray(h5[f"{bn}.running_mean"], np.float64), np.asarray(h5[f"{bn}.running_var"], np.float64)
+    scale = gamma / np.sqrt(var + 1e-5)
+    return w * scale[:, None, None, None], beta - mean * scale
+
+
+def load_skynet(path: str | Path) -> list[Stage]:
+    """Read ``dac.weights`` (an HDF5 state dict) and fold BN into 13 stages (float64).
+
+    Raises:
+        ModelFormatError: Not HDF5, or a tensor is missing or misshapen.
+    """
+    import h5py
+    import torch
+
+    try:
+        h5 = h5py.File(path, "r")
+    except OSError as exc:
+        raise ModelFormatError(f"not an HDF5 weights file: {exc}", file=str(path)) from exc
+    stages: list[Stage] = []
+    h, w = IN_H, IN_W
+    try:
+        with h5:
+            for i, (prefix, cin, cout) in enumerate(BUNDLES):
+                dw_w, dw_b = _fold(h5, f"{prefix}.0", f"{prefix}.1")
+                pw_w, pw_b = _fold(h5, f"{prefix}.3", f"{prefix}.4")
+                if dw_w.shape != (cin, 1, 3, 3) or pw_w.shape != (cout, cin, 1, 1):
+                    raise ModelFormatError(f"{prefix}: unexpected shapes {dw_w.shape} {pw_w.shape}", file=str(path))
+                pool = i < 3
+                stages.append(Stage(f"dw{i + 1}.dw", torch.from_numpy(dw_w), torch.from_numpy(dw_b), cin))
+                stages.append(
+                    Stage(f"dw{i + 1}.pw", torch.from_numpy(pw_w), torch.from_numpy(pw_b), 1, pool_after=pool)
+                )
+            last = torch.from_numpy(h5["model_p3.1.weight"][()].astype("float64"))
+    except KeyError as exc:
+        raise ModelFormatError(f"missing tensor {exc}", file=str(path)) from exc
+    stages.append(Stage("pw7", last, None, 1, relu6=False))
+    for s in stages:
+        cout, cin_g, kh, kw = s.weight.shape
+        if s.name == "dw4.dw":
+            h, w = h // 2, w // 2  # model_p2 starts with a pool of the 192-channel map
+        s.out_shape = (cout, h, w)
+        s.macs = cout * cin_g * kh * kw * h * w
+        if s.pool_after and s.name != "dw3.pw":
+            h, w = h // 2, w // 2
+    return stages
+
+
+def reorg(x: torch.Tensor, stride: int = 2) -> torch.Tensor:
+    """Space-to-depth as in YOLOv2/SkyNet (channel order: offset-major, then input channel)."""
+    b, c, h, w = x.shape
+    x = x.view(b, c, h // stride, stride, w // stride, stride).transpose(3, 4).contiguous()
+    x = x.view(b, c, (h // stride) * (w // stride), stride * stride).transpose(2, 3).contiguous()
+    x = x.view(b, c, stride * stride, h // stride, w // stride).transpose(1, 2).contiguous()
+    return x.view(b, stride * stride * c, h // stride, w // stride)
+
+
+@dataclass
+class SkyNet:
+    """The stage list plus a forward that can start at any stage and be hooked per stage.
+
+    ``hooks`` maps a stage index to ``fn(index, acc, x) -> acc``, called on the
+    accumulator output ``acc`` of that stage (``x`` is the stage's input) (before bias/activation in fixed mode,
+    after the convolution in float mode) -- where timing faults strike.
+    """
+
+    stages: list[Stage]
+    numeric: Numeric = Numeric.FIXED
+    dtype: Any = None
+    hooks: dict[int, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        import torch
+
+        self.dtype = self.dtype or torch.float64
+        wt = [WEIGHT.quantize(s.weight) if self.numeric is Numeric.FIXED else s.weight for s in self.stages]
+        self._w = [w.to(self.dtype) for w in wt]
+        self._b = [None if s.bias is None else s.bias.to(self.dtype) for s in self.stages]
+        if self.numeric is Numeric.FIXED:
+            self._b = [None if b is None else WEIGHT.quantize(b) for b in self._b]
+
+    @property
+    def macs(self) -> list[int]:
+        """MACs per stage."""
+        return [s.macs for s in self.stages]
+
+    def run(
+        self,
+        x: torch.Tensor | None,
+        *,
+        start: int = 0,
+        state: dict[str, torch.Tensor] | None = None,
+        keep: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, dict[int, dict[str, torch.Tensor]]]:
+        """Run stages ``start..`` on input ``x`` (or on ``state`` cached before ``start``).
+
+        Args:
+            x: Images (B, 3, 160, 320) when ``start`` is 0; ignored otherwise.
+            start: First stage to run.
+            state: ``{"x": ..., "p1": ...}`` as returned for ``keep == start``.
+            keep: Stages before which to return the state (for caching).
+
+        Returns:
+            The raw output (B, 10, 20, 40) and ``{stage: state}`` for each kept stage.
+        """
+        import torch
+        import torch.nn.functional as F
+
+        p1 = None
+        if state is not None:
+            cur, p1 = state["x"], state.get("p1")
+        else:
+            assert x is not None, "x or state is required"
+            cur = x.to(self.dtype)
+            if self.numeric is Numeric.FIXED:
+                cur = FEATURE.quantize(cur)
+        kept: dict[int, dict[str, torch.Tensor]] = {}
+        for i in range(start, len(self.stages)):
+            if i in keep:
+                kept[i] = {"x": cur} if p1 is None else {"x": cur, "p1": p1}
+            s = self.stages[i]
+            if s.name == "dw4.dw":
+                p1 = cur
+                cur = F.max_pool2d(cur, 2)
+            if s.name == "dw6.dw":
+                cur = torch.cat([reorg(p1), cur], 1)  # type: ignore[arg-type]
+            cur = self._stage(i, cur)
+            if s.pool_after and s.name != "dw3.pw":
+                cur = F.max_pool2d(cur, 2)
+        return cur, kept
+
+    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.nn.functional as F
+
+        s = self.stages[i]
+        pad = 1 if s.weight.shape[-1] == 3 else 0
+        acc = F.conv2d(x, self._w[i], None, padding=pad, groups=s.groups)
+        if self.numeric is Numeric.FIXED:
+            acc = ACCUMULATOR.quantize(acc)
+        if i in self.hooks:
+            acc = self.hooks[i](i, acc, x)
+        if self._b[i] is not None:
+            acc = acc + self._b[i].view(1, -1, 1, 1)  # type: ignore[union-attr]
+        if s.relu6:
+            acc = torch.clamp(acc, 0.0, 6.0)
+        return FEATURE.quantize(acc) if self.numeric is Numeric.FIXED and s.relu6 else acc
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The raw output of a full run."""
+        return self.run(x)[0]
+
+
+def decode_boxes(out: torch.Tensor) -> torch.Tensor:
+    """One box per image from SkyNet's raw output: (B, 5) = x1, y1, x2, y2 (640x360 pixels), confidence."""
+    import torch
+
+    b = out.shape[0]
+    o = out.to(torch.float64).view(b, 2, 5, GRID_H, GRID_W)
+    conf = torch.sigmoid(o[:, :, 4]).reshape(b, -1)
+    best = torch.argmax(conf, dim=1)
+    anchor, cell = best // (GRID_H * GRID_W), best % (GRID_H * GRID_W)
+    gy, gx = cell // GRID_W, cell % GRID_W
+    sel = o[torch.arange(b), anchor, :, gy, gx]  # (B, 5)
+    anchors = torch.tensor(ANCHORS, dtype=torch.float64)[anchor]
+    cx = (torch.sigmoid(sel[:, 0]) + gx) / GRID_W
+    cy = (torch.sigmoid(sel[:, 1]) + gy) / GRID_H
+    w = torch.exp(torch.clamp(sel[:, 2], max=20.0)) * anchors[:, 0] / GRID_W
+    h = torch.exp(torch.clamp(sel[:, 3], max=20.0)) * anchors[:, 1] / GRID_H
+    boxes = torch.stack([(cx - w / 2) * OUT_W, (cy - h / 2) * OUT_H, (cx + w / 2) * OUT_W, (cy + h / 2) * OUT_H], 1)
+    return torch.cat([boxes, conf.gather(1, best[:, None])], 1)
+
+
+def load_image(path: str | Path) -> torch.Tensor:
+    """An image as SkyNet sees it: RGB resized to 320x160 (bilinear), values in [0, 1], shape (3, 160, 320)."""
+    import numpy as np
+    import torch
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            arr = np.asarray(im.convert("RGB").resize((IN_W, IN_H), Image.Resampling.BILINEAR), dtype=np.float32)
+    except (OSError, UnidentifiedImageError) as exc:
+        raise ModelFormatError(f"cannot read image: {exc}", file=str(path)) from exc
+    return torch.from_numpy(arr / 255.0).permute(2, 0, 1).contiguous()
