@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from carina.core.backend import Selection
 from carina.core.errors import ConfigError, IOEngineError
-from carina.io._buffers import aligned_buffer, byte_view, is_cuda_tensor
+from carina.io._buffers import byte_view, is_cuda_tensor
 from carina.io._coalesce import plan_runs
 from carina.io._config import IOConfig
 from carina.io._future import IOFuture, Op, OpKind, Request, in_completion_context
@@ -62,6 +62,8 @@ class IOEngine:
         self._handles: set[FileHandle] = set()
         self._closed = False
         self._staging: Any = None
+        self._retired: list[Any] = []  # replaced arenas, kept alive (registered memory, blocks in use)
+        self._arena_lock = threading.Lock()
         self.stats = {"requests": 0, "ops": 0, "bytes": 0, "bounced": 0, "merged": 0, "peak_inflight": 0}
 
     # -- lifecycle ------------------------------------------------------------
@@ -244,9 +246,31 @@ class IOEngine:
             self.stats["ops"] += len(ops)
         self.backend.submit(ops)
 
-    def _bounce(self, nbytes: int) -> np.ndarray:
+    def staging_arena(self, *, replace: bool = False) -> Any:
+        """The engine's :class:`~carina.io._staging.StagingArena` (``bounce_bytes``), made on first use.
+
+        It holds bounce buffers of misaligned ``O_DIRECT`` requests and staging
+        for GPU tensors, and is offered to the backend as registered memory.
+        ``replace`` makes a new one (the old one is kept alive).
+        """
+        from carina.io._staging import StagingArena
+
+        with self._arena_lock:
+            if self._staging is None or replace:
+                if self._staging is not None:
+                    self._retired.append(self._staging)
+                arena = StagingArena(self.config.bounce_bytes, self.config.alignment)
+                if arena.capacity:
+                    arena.registered = self.backend.register_memory(arena.address, arena.capacity)
+                self._staging = arena
+            return self._staging
+
+    def _bounce(self, nbytes: int) -> tuple[np.ndarray, Callable[[], None]]:
+        """An aligned buffer from the staging arena (a one-off when it is full) and its release."""
         self.stats["bounced"] += 1
-        return aligned_buffer(nbytes, self.config.alignment)
+        arena = self.staging_arena()
+        buf, block = arena.alloc_array(nbytes)
+        return buf, lambda: arena.free(block)
 
     def _acquire(self, *, block: bool) -> bool:
         """Take a slot of the queue depth; never blocks a backend thread (it may overcommit)."""

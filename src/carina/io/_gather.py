@@ -158,9 +158,9 @@ def _bounced(
     start = off - off % align
     cover = -(-(off + lengths) // align) * align - start
     bpos = np.concatenate(([0], np.cumsum(cover)[:-1])).astype(np.int64)
-    bounce = engine._bounce(int(cover.sum()))
+    bounce, give_back = engine._bounce(int(cover.sum()))
     copy = (bounce, bpos + (off - start), pos, view)
-    finish = _finisher(engine, handle, future, off, lengths, copy, shift=off - start)
+    finish = _finisher(engine, handle, future, off, lengths, copy, shift=off - start, give_back=give_back)
     return GatherOp(handle.direct_fd, start, cover, bpos, bounce.data, finish)
 
 
@@ -172,6 +172,7 @@ def _finisher(
     lengths: np.ndarray,
     copy: tuple[Any, ...] | None,
     shift: np.ndarray | None = None,
+    give_back: Callable[[], None] | None = None,
 ) -> Callable[[GatherOp], None]:
     def done(op: GatherOp) -> None:
         try:
@@ -206,6 +207,8 @@ def _finisher(
                     _scatter_rows(copy[0], copy[1], copy[2], copy[3], lengths)
                 future.set_result(int(lengths.sum()))
         finally:
+            if give_back is not None:  # the rows are copied out (or failed): the bounce buffer is free
+                give_back()
             engine._gather_done(handle)
 
     return done

@@ -10,11 +10,15 @@ runs with CPU tensors (a plain copy, no stream), which is how CI tests it.
 from __future__ import annotations
 
 import bisect
+import sys
 import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from carina.core.errors import ConfigError
+from carina.io._buffers import aligned_buffer
 from carina.io._future import IOFuture
 
 if TYPE_CHECKING:
@@ -32,40 +36,72 @@ class StagingArena:
         alignment: Every block starts at a multiple of this.
 
     Blocks come from a first-fit free list; freed neighbours merge. When the
-    arena is full, :meth:`alloc` returns a one-off allocation instead of
-    waiting (counted in :attr:`overflows`).
+    arena is full, :meth:`alloc` and :meth:`alloc_array` return a one-off
+    allocation instead of waiting (counted in :attr:`overflows`). The memory
+    is a torch tensor (pinned when CUDA is available) if torch is loaded when
+    the arena is made, else a NumPy array (the engine's bounce buffers for
+    misaligned ``O_DIRECT`` requests come from here too, without importing torch).
     """
 
     def __init__(self, nbytes: int, alignment: int = 4096) -> None:
-        import torch
-
         self.alignment = alignment
-        self.pinned = bool(torch.cuda.is_available())
-        raw = torch.empty(nbytes + alignment, dtype=torch.uint8, pin_memory=self.pinned)
-        shift = (-raw.data_ptr()) % alignment
-        self.buffer = raw[shift : shift + nbytes]
+        torch = sys.modules.get("torch")
+        self.pinned = bool(torch is not None and torch.cuda.is_available())
+        self._tensor: Any = None
+        if torch is not None:
+            raw = torch.empty(nbytes + alignment, dtype=torch.uint8, pin_memory=self.pinned)
+            shift = (-raw.data_ptr()) % alignment
+            self._tensor = raw[shift : shift + nbytes]
+            self.array: np.ndarray = self._tensor.numpy()
+        else:
+            self.array = aligned_buffer(nbytes, alignment)
+        self.address = int(self.array.ctypes.data)
         self.capacity = nbytes
         self._free: list[tuple[int, int]] = [(0, nbytes)] if nbytes else []
         self._lock = threading.Lock()
         self._pending: list[tuple[Any, tuple[int, int]]] = []
         self.overflows = 0
+        self.served = 0  # blocks handed out from the arena
         self.registered = False  # registered with the backend (io_uring fixed buffer)
 
-    def alloc(self, nbytes: int) -> tuple[Any, tuple[int, int] | None]:
-        """Return ``(uint8 tensor of nbytes, block)``; ``block`` is None for a one-off."""
+    @property
+    def buffer(self) -> Any:
+        """The arena as a flat ``torch.uint8`` CPU tensor (imports torch)."""
+        if self._tensor is None:
+            import torch
+
+            self._tensor = torch.from_numpy(self.array)
+        return self._tensor
+
+    def _take(self, nbytes: int) -> tuple[int, int] | None:
         size = -(-max(nbytes, 1) // self.alignment) * self.alignment
         with self._lock:
             self._reclaim()
             for i, (start, length) in enumerate(self._free):
                 if length >= size:
                     self._free[i : i + 1] = [(start + size, length - size)] if length > size else []
-                    return self.buffer[start : start + nbytes], (start, size)
+                    self.served += 1
+                    return start, size
             self.overflows += 1
+        return None
+
+    def alloc(self, nbytes: int) -> tuple[Any, tuple[int, int] | None]:
+        """Return ``(uint8 tensor of nbytes, block)``; ``block`` is None for a one-off."""
+        block = self._take(nbytes)
+        if block is not None:
+            return self.buffer[block[0] : block[0] + nbytes], block
         import torch
 
         raw = torch.empty(nbytes + self.alignment, dtype=torch.uint8, pin_memory=self.pinned)
         shift = (-raw.data_ptr()) % self.alignment
         return raw[shift : shift + nbytes], None
+
+    def alloc_array(self, nbytes: int) -> tuple[np.ndarray, tuple[int, int] | None]:
+        """Return ``(aligned numpy.uint8 array of nbytes, block)``; ``block`` is None for a one-off."""
+        block = self._take(nbytes)
+        if block is not None:
+            return self.array[block[0] : block[0] + nbytes], block
+        return aligned_buffer(nbytes, self.alignment), None
 
     def free(self, block: tuple[int, int] | None, after: Any = None) -> None:
         """Return ``block``; with a CUDA event ``after``, only once the event has completed."""
@@ -105,11 +141,18 @@ class StagingArena:
 
 
 def _arena(engine: IOEngine) -> StagingArena:
-    if engine._staging is None:
-        arena = StagingArena(engine.config.bounce_bytes, engine.config.alignment)
-        arena.registered = engine.backend.register_memory(arena.buffer.data_ptr(), arena.capacity)
-        engine._staging = arena
-    arena = engine._staging
+    """The engine's arena for staged transfers: pinned where CUDA is available.
+
+    An arena made earlier without torch (for bounce buffers) is not pinned; on
+    a CUDA machine it is replaced by a pinned one for everything after, and
+    kept alive (it may still be registered with the backend or in use).
+    """
+    arena = engine.staging_arena()
+    if not arena.pinned and arena._tensor is None:
+        import torch
+
+        if torch.cuda.is_available():
+            arena = engine.staging_arena(replace=True)
     return arena
 
 

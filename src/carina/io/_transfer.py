@@ -48,6 +48,8 @@ class Member:
 
 Submit = Callable[[Op], None]
 Release = Callable[["Transfer"], None]
+#: Returns an aligned buffer of the given size and the callable that gives it back.
+Bounce = Callable[[int], tuple[np.ndarray, Callable[[], None]]]
 
 
 class Transfer:
@@ -60,7 +62,8 @@ class Transfer:
         policy: The engine's O_DIRECT policy.
         submit: Hands an op to the backend.
         release: Called once when every member is resolved.
-        bounce: Allocates an aligned buffer of the given size.
+        bounce: Lends an aligned buffer of the given size (from the staging
+            arena) and the callable that returns it, called once resolved.
     """
 
     def __init__(
@@ -72,7 +75,7 @@ class Transfer:
         policy: Direct,
         submit: Submit,
         release: Release,
-        bounce: Callable[[int], np.ndarray],
+        bounce: Bounce,
     ) -> None:
         self.kind, self.handle, self.members = kind, handle, members
         self._submit, self._release, self._bounce_alloc = submit, release, bounce
@@ -82,6 +85,7 @@ class Transfer:
         self.route = Route.BUFFERED
         self._shift = 0  # bytes of bounce buffer before self.offset
         self._bounce: np.ndarray | None = None
+        self._give_back: Callable[[], None] | None = None
         self._done = 0  # bytes moved, counted from the op's first byte
         self._policy = policy
 
@@ -130,7 +134,7 @@ class Transfer:
         start = self.offset - self.offset % align
         stop = -(-(self.offset + self.nbytes) // align) * align
         self._shift = self.offset - start
-        self._bounce = self._bounce_alloc(stop - start)
+        self._bounce, self._give_back = self._bounce_alloc(stop - start)
         if self.kind is OpKind.WRITE:
             flat = self._bounce.data
             pos = 0
@@ -167,6 +171,9 @@ class Transfer:
         useful = max(0, self._done - self._shift)
         if self._bounce is not None and self.kind is OpKind.READ:
             self._scatter(min(useful, self.nbytes))
+        if self._give_back is not None:  # no op uses the bounce buffer any more
+            self._give_back()
+            self._bounce = self._give_back = None
         if self.kind is OpKind.WRITE and useful:
             self.handle.grow(self.offset + min(useful, self.nbytes))
         reached = self.offset + useful
