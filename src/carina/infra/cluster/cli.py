@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from carina.infra.cluster.rendezvous import Rendezvous
     from carina.infra.cluster.runner import RunConfig
 
 app = typer.Typer(help="GPU node validation, collectives and a scaling model (Vela).", no_args_is_help=True)
@@ -52,14 +53,24 @@ def check(
     device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
     timeout: Annotated[float, typer.Option(help="Seconds per check.")] = 120.0,
     path: Annotated[list[Path] | None, typer.Option(help="Disk paths for disk_bw (repeatable).")] = None,
+    nodes: Annotated[
+        str | None, typer.Option(help="Several nodes: 'env://' (torchrun) or a hostfile; runs link tests.")
+    ] = None,
+    rank: Annotated[int | None, typer.Option(help="This node's rank in the hostfile (default: by host name).")] = None,
+    nbytes: Annotated[int, typer.Option(help="Bytes per message of the link tests.")] = 1 << 24,
     json_out: JsonOpt = False,
 ) -> None:
-    """Run node checks; exit 1 when the node should be evicted."""
+    """Run node checks (exit 1 on EVICT), or with --nodes the pairwise/ring link tests (exit 1 if one is slow)."""
+    if nodes is not None:
+        from carina.infra.cluster.rendezvous import from_hostfile
+
+        raise typer.Exit(1 if _links(from_hostfile(nodes, rank=rank), nbytes, json_out) else 0)
     from carina.core.progress import emit_json, print_table, progress
+    from carina.infra.cluster.checks import CHECKS
     from carina.infra.cluster.runner import NodeLabel, run_checks
 
     config = _run_config(checks, quick, device, timeout, path)
-    total = len(config.checks) or len(__import__("carina.infra.cluster.checks", fromlist=["CHECKS"]).CHECKS.names())
+    total = len(config.checks) or len(CHECKS.names())
     with progress(transient=True) as bar:
         task = bar.add_task("checking", total=total)
         report = run_checks(config, on_result=lambda _: bar.advance(task))
@@ -153,32 +164,36 @@ def model(
     )
 
 
-@app.command()
-def links(
-    nbytes: Annotated[int, typer.Option(help="Bytes per message.")] = 1 << 24,
-    json_out: JsonOpt = False,
-) -> None:
-    """Pairwise and ring bandwidth across the ranks of a torchrun job (env://); names slow nodes/links."""
+def _links(rdv: Rendezvous, nbytes: int, json_out: bool) -> bool:
+    """Run the pairwise and ring tests in the group; print on rank 0; True when a slow node was named."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
     from carina.core.progress import emit_json, print_table
     from carina.infra.cluster.multinode import find_slow, pairwise_bandwidth, ring_bandwidth
 
-    dist.init_process_group("gloo", init_method="env://")
+    dist.init_process_group(
+        "gloo",
+        init_method=rdv.init_method,
+        timeout=timedelta(seconds=300),
+        rank=-1 if rdv.rank is None else rdv.rank,  # -1 / -1: from the environment (env://)
+        world_size=-1 if rdv.world is None else rdv.world,
+    )
     try:
         pairs, ring = pairwise_bandwidth(nbytes), ring_bandwidth(nbytes)
     finally:
         dist.destroy_process_group()
-    if not pairs:
-        return
+    if not pairs:  # not rank 0
+        return False
     verdict = find_slow(pairs)
     if json_out:
         emit_json({"pairwise_gbps": pairs, "ring_gbps": ring, "slow": verdict})
-        return
-    print_table(
-        [{"link": k, "GB/s": f"{v:.2f}", "slow": "yes" if k in verdict["links"] else ""} for k, v in pairs.items()],
-        columns=["link", "GB/s", "slow"],
-        title="pairwise bandwidth",
-    )
-    if verdict["nodes"]:
-        typer.echo(f"slow node(s): {', '.join(verdict['nodes'])}")
+    else:
+        rows = [
+            {"link": k, "GB/s": f"{v:.2f}", "slow": "yes" if k in verdict["links"] else ""} for k, v in pairs.items()
+        ]
+        print_table(rows, columns=["link", "GB/s", "slow"], title="pairwise bandwidth")
+        if verdict["nodes"]:
+            typer.echo(f"slow node(s): {', '.join(verdict['nodes'])}")
+    return bool(verdict["nodes"] or verdict["links"])
