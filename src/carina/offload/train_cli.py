@@ -65,10 +65,19 @@ def train(
     prefetch_depth: Annotated[int | None, typer.Option(help="Blocks fetched ahead.")] = None,
     grad_accumulation: Annotated[int | None, typer.Option(help="Micro-batches per step.")] = None,
     max_grad_norm: Annotated[float | None, typer.Option(help="Global-norm clipping.")] = None,
+    disagg: Annotated[
+        bool, typer.Option("--disagg", help="Disaggregated data parallel: workers + parameter-server shards.")
+    ] = False,
+    workers: Annotated[int, typer.Option(help="With --disagg: worker processes (one per GPU).")] = 2,
+    ps_shards: Annotated[int, typer.Option(help="With --disagg: parameter-server shards.")] = 2,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary only.")] = False,
 ) -> None:
     """Train a causal LM with carina.offload and report speed and memory per tier."""
     from carina.core.errors import CarinaError
+
+    if disagg:
+        _run_disagg(workers, ps_shards, steps or 5, device or "auto", lr or 1e-3, json_out)
+        return
 
     try:
         cfg = _build_config(
@@ -97,6 +106,31 @@ def train(
         emit_json({"config": cfg.to_dict(), "result": result})
     else:
         _show(cfg, result)
+
+
+def _run_disagg(workers: int, ps_shards: int, steps: int, device: str, lr: float, json_out: bool) -> None:
+    """The disaggregated demo: a tiny Llama trained by ``workers`` processes through ``ps_shards`` PS shards."""
+    import time
+
+    from carina.core.errors import CarinaError
+    from carina.core.progress import console, emit_json
+    from carina.offload.disagg import DisaggConfig, launch
+
+    try:
+        cfg = DisaggConfig(workers=workers, ps_shards=ps_shards, device=device, lr=lr)
+        start = time.perf_counter()
+        result = launch(cfg, steps=steps)
+    except CarinaError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from None
+    seconds = time.perf_counter() - start
+    if json_out:
+        emit_json({"config": cfg.to_dict(), "losses": result.losses, "steps": result.steps_done, "seconds": seconds})
+        return
+    console().print(
+        f"[bold]disagg[/] {workers} workers, {ps_shards} PS shards, {result.steps_done} steps in {seconds:.1f} s; "
+        f"loss {result.losses[0]:.3f} -> {result.losses[-1]:.3f}"
+    )
 
 
 def _run(cfg: Any, quiet: bool) -> Any:

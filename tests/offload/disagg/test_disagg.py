@@ -1,4 +1,5 @@
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,6 +87,9 @@ def test_config_validation():
     with pytest.raises(ConfigError):
         DisaggConfig(hosts=2, host_rank=2)
     assert DisaggConfig.from_toml(DisaggConfig(workers=4).to_toml()).workers == 4
+    with pytest.raises(ConfigError) as info:
+        launch(DisaggConfig(shm_dir=Path("/no/such/shm")), steps=1)
+    assert info.value.context["key"] == "shm_dir"
 
 
 def _host(rank, out):
@@ -131,3 +135,38 @@ def test_frozen_parameters_stay_out_of_the_segment():
     for name, p in model.named_parameters():
         if p.requires_grad:
             assert torch.equal(result.masters[name], p.detach()), name
+
+
+@pytest.mark.slow
+def test_train_cli_disagg_json():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "carina",
+            "train",
+            "--disagg",
+            "--workers",
+            "2",
+            "--ps-shards",
+            "1",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--lr",
+            "0.01",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    ref_losses, _ = reference(2, 2, DisaggConfig(lr=1e-2))
+    assert report["steps"] == 2 and report["losses"] == ref_losses
