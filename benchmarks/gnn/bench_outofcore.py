@@ -34,7 +34,7 @@ from carina.gnn.dataset import PAGE, Dataset, PrepareConfig, prepare
 from carina.gnn.runner import RunConfig, build_cache, train_once
 from carina.gnn.store import OutOfCoreFeatures, StoreConfig
 from carina.gnn.train import InMemoryFeatures, TrainConfig
-from carina.io import IOConfig, IOEngine
+from carina.io import IOConfig, IOEngine, drop_cache
 
 
 class MmapFeatures:
@@ -84,14 +84,6 @@ class SyncReadFeatures:
 
     def assemble(self, plan, missing: torch.Tensor) -> torch.Tensor:
         return self.store.assemble(plan, missing)
-
-
-def drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 class Checksummed:
@@ -176,7 +168,7 @@ def main() -> None:
     gap = best_gap_pages(machine) if args.gap == "auto" else int(args.gap)
     store_cfg = StoreConfig(gap_pages=gap, max_run_pages=256)
 
-    drop_page_cache(ds.features_path)
+    drop_cache(ds.features_path)
     mem = measure(ds, cfg, InMemoryFeatures(ds.read_all_features(), device=args.device), args.warmup)
     results: dict[str, dict] = {"in-memory": mem}
     if args.device.startswith("cuda"):
@@ -200,7 +192,7 @@ def main() -> None:
         serial = RunConfig.from_dict(cfg.to_dict())
         serial.train.pipeline_depth = 1
         ablations["no-pipelining"] = run_carina(ds, serial, eng, mid / 3, 2 * mid / 3, args.warmup, store_cfg)
-        drop_page_cache(ds.features_path)
+        drop_cache(ds.features_path)
         results["mmap"] = measure(ds, cfg, MmapFeatures(ds, args.device), args.warmup)
         sync_cfg = RunConfig.from_dict(cfg.to_dict())
         sync_cfg.train.pipeline_depth = 1

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from carina.core.bench import Figure, make_record, write_record
-from carina.io import IOConfig, IOEngine, aligned_buffer
+from carina.io import IOConfig, IOEngine, aligned_buffer, drop_cache
 from carina.io.workload import Access, fill_file, parse_size, run_case
 
 CASES = [("seq", 1 << 20, 32), ("rand", 4096, 32), ("rand", 4096, 128), ("rand", 65536, 64)]
@@ -88,15 +88,6 @@ def _timed(seconds: float, body: Callable[[int], int]) -> tuple[float, float]:
         turn += 1
     wall = time.perf_counter() - t0
     return done / wall, wall
-
-
-def drop_cache(path: Path) -> None:
-    """Ask the kernel to drop ``path`` from the page cache (the guest's; a VM host may still cache)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def peer_rates(path: Path, size: int, access: str, block: int, qd: int, seconds: float) -> dict[str, float]:

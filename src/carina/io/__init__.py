@@ -18,6 +18,7 @@ Importing this package loads NumPy but never torch.
 from __future__ import annotations
 
 from carina.io._buffers import aligned_buffer
+from carina.io._cache import drop_cache
 from carina.io._config import Direct, IOConfig
 from carina.io._engine import IOEngine
 from carina.io._future import IOFuture, Request
@@ -36,4 +37,5 @@ __all__ = [
     "Request",
     "aligned_buffer",
     "choose_backend",
+    "drop_cache",
 ]

@@ -66,7 +66,7 @@ class DiskBandwidth(Check):
 
 def _disk_pass(directory: Path, nbytes: int) -> tuple[float, float, bool]:
     """Write then read back ``nbytes`` in 4 MiB requests; return (write GB/s, read GB/s, bytes intact)."""
-    from carina.io import IOConfig, IOEngine, aligned_buffer
+    from carina.io import IOConfig, IOEngine, aligned_buffer, drop_cache
 
     chunk = 4 << 20
     nbytes = max(chunk, nbytes // chunk * chunk)
@@ -84,7 +84,7 @@ def _disk_pass(directory: Path, nbytes: int) -> tuple[float, float, bool]:
             eng.fsync(h)
             write = nbytes / (time.perf_counter() - start) / 1e9
             eng.close_file(h)
-            _drop_cache(name)
+            drop_cache(name)
             h = eng.open(name, "r")
             outs = [aligned_buffer(chunk) for _ in range(min(16, nbytes // chunk))]
             start = time.perf_counter()
@@ -97,14 +97,6 @@ def _disk_pass(directory: Path, nbytes: int) -> tuple[float, float, bool]:
     finally:
         os.unlink(name)
     return write, read, intact
-
-
-def _drop_cache(name: str) -> None:
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _graded(name: str, ctx: CheckContext, metrics: dict[str, float], key: str) -> CheckResult:

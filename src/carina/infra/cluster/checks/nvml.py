@@ -6,6 +6,7 @@ They read NVML through a small adapter (:class:`NvmlReader`) so tests can hand i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from carina.infra.cluster.checks.base import Check, CheckContext, CheckResult, Status
@@ -125,6 +126,62 @@ class GpuPresence(Check):
         )
 
 
+#: A per-GPU verdict: status, a note (empty when fine) and the figures read.
+Verdict = tuple[Status, str, dict[str, float]]
+
+
+def _per_gpu(name: str, ctx: CheckContext, judge: Callable[[Any, int], Verdict], fine: str) -> CheckResult:
+    """Judge every GPU; the worst status wins, each GPU's note and figures are kept (``gpu<i>_<figure>``)."""
+    nvml = _reader(ctx)
+    worst, notes, metrics = Status.PASS, [], {}
+    for i in range(nvml.device_count()):
+        status, note, figures = judge(nvml, i)
+        metrics.update({f"gpu{i}_{k}": float(v) for k, v in figures.items()})
+        worst = status if status.rank > worst.rank else worst
+        if note:
+            notes.append(f"GPU {i}: {note}")
+    return CheckResult(name, worst, "; ".join(notes) or fine, metrics)
+
+
+def _ecc(nvml: Any, i: int) -> Verdict:
+    corr, unc = nvml.ecc_errors(i)
+    figures = {"ecc_corrected": corr, "ecc_uncorrected": unc}
+    if unc:
+        return Status.FAIL, f"{unc} uncorrected", figures
+    return (Status.WARN, f"{corr} corrected", figures) if corr else (Status.PASS, "", figures)
+
+
+def _remaps(nvml: Any, i: int) -> Verdict:
+    corr, unc, pending, failure = nvml.remapped_rows(i)
+    figures = {
+        "remapped_correctable": corr,
+        "remapped_uncorrectable": unc,
+        "remap_pending": int(pending),
+        "remap_failure": int(failure),
+    }
+    if failure:
+        return Status.FAIL, "remap failure", figures
+    return (Status.FAIL, "remap pending (reset needed)", figures) if pending else (Status.PASS, "", figures)
+
+
+def _xids(timeout_ms: int) -> Callable[[Any, int], Verdict]:
+    def judge(nvml: Any, i: int) -> Verdict:
+        codes = nvml.xid_events(i, timeout_ms)
+        note = f"XID {', '.join(map(str, sorted(set(codes))))}" if codes else ""
+        return (Status.FAIL if codes else Status.PASS), note, {"xid_count": len(codes)}
+
+    return judge
+
+
+def _clocks(nvml: Any, i: int) -> Verdict:
+    sm, max_sm, reasons = nvml.clocks(i)
+    figures = {"sm_mhz": sm, "max_sm_mhz": max_sm, "throttle_bits": reasons}
+    bad = [label for bit, label in _BAD_THROTTLE.items() if reasons & bit]
+    if bad:
+        return Status.FAIL, ", ".join(bad), figures
+    return (Status.WARN, "sw_thermal", figures) if reasons & SW_THERMAL else (Status.PASS, "", figures)
+
+
 class EccErrors(Check):
     """No uncorrected ECC errors since the driver loaded; corrected ones only warn."""
 
@@ -134,19 +191,7 @@ class EccErrors(Check):
     exclusive = False
 
     def _run(self, ctx: CheckContext) -> CheckResult:
-        nvml = _reader(ctx)
-        metrics: dict[str, float] = {}
-        status, notes = Status.PASS, []
-        for i in range(nvml.device_count()):
-            corr, unc = nvml.ecc_errors(i)
-            metrics[f"gpu{i}_ecc_corrected"], metrics[f"gpu{i}_ecc_uncorrected"] = corr, unc
-            if unc:
-                status = Status.FAIL
-                notes.append(f"GPU {i}: {unc} uncorrected")
-            elif corr and status is Status.PASS:
-                status = Status.WARN
-                notes.append(f"GPU {i}: {corr} corrected")
-        return CheckResult(self.name, status, "; ".join(notes) or "no ECC errors", metrics)
+        return _per_gpu(self.name, ctx, _ecc, "no ECC errors")
 
 
 class RemappedRows(Check):
@@ -158,23 +203,7 @@ class RemappedRows(Check):
     exclusive = False
 
     def _run(self, ctx: CheckContext) -> CheckResult:
-        nvml = _reader(ctx)
-        metrics: dict[str, float] = {}
-        status, notes = Status.PASS, []
-        for i in range(nvml.device_count()):
-            corr, unc, pending, failure = nvml.remapped_rows(i)
-            metrics.update(
-                {
-                    f"gpu{i}_remapped_uncorrectable": unc,
-                    f"gpu{i}_remap_pending": int(pending),
-                    f"gpu{i}_remapped_correctable": corr,
-                    f"gpu{i}_remap_failure": int(failure),
-                }
-            )
-            if pending or failure:
-                status = Status.FAIL
-                notes.append(f"GPU {i}: {'remap failure' if failure else 'remap pending (reset needed)'}")
-        return CheckResult(self.name, status, "; ".join(notes) or "no pending remaps", metrics)
+        return _per_gpu(self.name, ctx, _remaps, "no pending remaps")
 
 
 class XidErrors(Check):
@@ -186,17 +215,7 @@ class XidErrors(Check):
     exclusive = False
 
     def _run(self, ctx: CheckContext) -> CheckResult:
-        nvml = _reader(ctx)
-        metrics: dict[str, float] = {}
-        notes = []
-        for i in range(nvml.device_count()):
-            codes = nvml.xid_events(i, 100 if ctx.quick else 1000)
-            metrics[f"gpu{i}_xid_count"] = len(codes)
-            if codes:
-                notes.append(f"GPU {i}: XID {', '.join(map(str, sorted(set(codes))))}")
-        return CheckResult(
-            self.name, Status.FAIL if notes else Status.PASS, "; ".join(notes) or "no XID events", metrics
-        )
+        return _per_gpu(self.name, ctx, _xids(100 if ctx.quick else 1000), "no XID events")
 
 
 class ClocksThrottle(Check):
@@ -208,17 +227,4 @@ class ClocksThrottle(Check):
     exclusive = False
 
     def _run(self, ctx: CheckContext) -> CheckResult:
-        nvml = _reader(ctx)
-        metrics: dict[str, float] = {}
-        status, notes = Status.PASS, []
-        for i in range(nvml.device_count()):
-            sm, max_sm, reasons = nvml.clocks(i)
-            metrics.update({f"gpu{i}_sm_mhz": sm, f"gpu{i}_max_sm_mhz": max_sm, f"gpu{i}_throttle_bits": reasons})
-            bad = [label for bit, label in _BAD_THROTTLE.items() if reasons & bit]
-            if bad:
-                status = Status.FAIL
-                notes.append(f"GPU {i}: {', '.join(bad)}")
-            elif reasons & SW_THERMAL and status is Status.PASS:
-                status = Status.WARN
-                notes.append(f"GPU {i}: sw_thermal")
-        return CheckResult(self.name, status, "; ".join(notes) or "clocks unthrottled", metrics)
+        return _per_gpu(self.name, ctx, _clocks, "clocks unthrottled")
