@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from carina.ckpt import Checkpointer, Config, WriterKind
 from carina.ckpt.cli import app
+from carina.core.errors import CheckpointError
 
 runner = CliRunner()
 
@@ -62,6 +63,21 @@ def test_prune(ckpt_dir: Path) -> None:
     assert json.loads(res.output)["removed"] == ["step_0000000000.abc123.tmp", "step_0000000001", "step_0000000002"]
     res = runner.invoke(app, ["ls", str(ckpt_dir), "--json"])
     assert [r["step"] for r in json.loads(res.output)] == [3]
+
+
+@pytest.mark.parametrize("command", ["ls", "verify", "inspect", "prune"])
+def test_missing_directory_is_an_error_naming_it(tmp_path: Path, command: str) -> None:
+    missing = tmp_path / "typo"
+    res = runner.invoke(app, [command, str(missing)])
+    assert isinstance(res.exception, CheckpointError), res.output
+    assert "not a checkpoint directory" in str(res.exception)
+    assert res.exception.context["path"] == str(missing)
+    assert not missing.exists()
+
+
+def test_verify_of_an_empty_directory_fails(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["verify", str(tmp_path)])
+    assert isinstance(res.exception, CheckpointError) and "no committed checkpoint" in str(res.exception)
 
 
 def test_cli_has_no_torch() -> None:

@@ -18,13 +18,20 @@ DirArg = Annotated[str, typer.Argument(help="Checkpoint directory (holds step_N/
 StepOpt = Annotated[int | None, typer.Option("--step", help="One checkpoint (default: all / newest).")]
 
 
+def _checkpoint_dir(directory: str) -> str:
+    """``directory`` if it exists; a typo must not read as "no checkpoints"."""
+    if not os.path.isdir(directory):
+        raise CheckpointError("not a checkpoint directory", path=directory)
+    return directory
+
+
 @app.command("ls")
 def ls(directory: DirArg, json_out: JsonOpt = False) -> None:
     """List committed checkpoints, oldest first; * marks the one `latest` names."""
     from carina.ckpt.storage import latest_hint, list_checkpoints
     from carina.core.progress import emit_json, print_table
 
-    infos = list_checkpoints(directory)
+    infos = list_checkpoints(_checkpoint_dir(directory))
     hint = latest_hint(directory)
     rows = [
         {
@@ -52,7 +59,9 @@ def verify(directory: DirArg, step: StepOpt = None, json_out: JsonOpt = False) -
     from carina.ckpt.commit import committed_steps, step_dir_name
     from carina.core.progress import emit_json, print_table, progress
 
-    steps = [step] if step is not None else committed_steps(directory)
+    steps = [step] if step is not None else committed_steps(_checkpoint_dir(directory))
+    if not steps:
+        raise CheckpointError("no committed checkpoint", path=directory)
     rows = []
     with progress(transient=True) as bar:
         task = bar.add_task("verifying", total=len(steps))
@@ -67,7 +76,7 @@ def verify(directory: DirArg, step: StepOpt = None, json_out: JsonOpt = False) -
         emit_json(rows)
     else:
         print_table(rows, columns=["step", "ok", "bytes", "error"], title=f"verify {directory}")
-    if not rows or not all(r["ok"] for r in rows):
+    if not all(r["ok"] for r in rows):
         raise typer.Exit(1)
 
 
@@ -79,7 +88,7 @@ def inspect(directory: DirArg, step: StepOpt = None, json_out: JsonOpt = False) 
     from carina.core.progress import emit_json, print_table
 
     if step is None:
-        step = storage.latest_hint(directory)
+        step = storage.latest_hint(_checkpoint_dir(directory))
         if step is None:
             steps = committed_steps(directory)
             if not steps:
@@ -107,7 +116,7 @@ def prune(
     from carina.ckpt.commit import prune as do_prune
     from carina.core.progress import emit_json
 
-    removed = do_prune(directory, keep)
+    removed = do_prune(_checkpoint_dir(directory), keep)
     if json_out:
         emit_json({"removed": removed})
     else:

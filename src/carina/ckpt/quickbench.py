@@ -38,6 +38,7 @@ def quick_bench(size_mb: int, reps: int, writers: list[str], directory: str | No
     from carina.ckpt.checkpointer import Checkpointer
     from carina.ckpt.config import CheckpointConfig
     from carina.ckpt.writers import WriterKind
+    from carina.core.config import choice
 
     state = {"blob": torch.randn(size_mb << 18)}  # 4-byte floats: size_mb MiB
     root = tempfile.mkdtemp(prefix="carina-ckpt-quick-", dir=directory)
@@ -46,7 +47,8 @@ def quick_bench(size_mb: int, reps: int, writers: list[str], directory: str | No
         for name in writers:
             sub = os.path.join(root, name)
             blocked, durable = [], []
-            with Checkpointer(CheckpointConfig(dir=sub, writer=WriterKind(name), keep_last=1)) as ckpt:
+            cfg = CheckpointConfig(dir=sub, writer=choice(WriterKind, name, key="writers"), keep_last=1)
+            with Checkpointer(cfg) as ckpt:
                 for step in range(reps + 1):  # the first save allocates arenas: left out
                     t0 = time.perf_counter()
                     ckpt.save(step, state)

@@ -174,20 +174,21 @@ def make_record(
     cmd = command if isinstance(command, str) else shlex.join(command)
     sha, dirty = git_state()
     cfg = config.to_dict() if hasattr(config, "to_dict") else to_jsonable(config)
-    environment, cmd, cfg = scrub_paths(dict(environment)), scrub_paths(cmd), scrub_paths(cfg)
-    if isinstance(environment.get("python"), dict) and "executable" in environment["python"]:
+    env: dict[str, Any] = scrub_paths(dict(environment))
+    cmd, cfg = scrub_paths(cmd), scrub_paths(cfg)
+    if isinstance(env.get("python"), dict) and "executable" in env["python"]:
         # The interpreter's location names the machine; its version is what matters.
-        environment["python"] = {**environment["python"], "executable": Path(environment["python"]["executable"]).name}
+        env["python"] = {**env["python"], "executable": Path(env["python"]["executable"]).name}
     return {
         "schema": SCHEMA,
         "name": name,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_sha": sha,
         "git_dirty": dirty,
-        "machine": {"label": machine_label(environment), "hostname": platform.node()},
+        "machine": {"label": machine_label(env), "hostname": platform.node()},
         "command": cmd,
         "config": cfg,
-        "environment": environment,
+        "environment": env,
         "figures": [f.to_dict() for f in figures],
         "metrics": to_jsonable(dict(metrics or {})),
         "notes": notes,

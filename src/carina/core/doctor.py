@@ -26,7 +26,7 @@ __all__ = ["EXTRAS", "SYSTEM_TOOLS", "Missing", "Report", "collect"]
 #: Import names that must be importable for each extra to count as installed.
 EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("torch", "transformers"),
-    "gnn": ("torch", "torch_geometric"),
+    "gnn": ("torch", "torch_geometric", "scipy", "networkx"),
     "infra": ("fastapi", "uvicorn", "sqlalchemy", "qemu.qmp", "prometheus_client", "httpx"),
     "security": ("networkx", "yaml", "dissect.target", "cyclonedx", "cryptography", "h5py"),
     "gpu": ("pynvml",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 __all__ = ["Tier", "format_bytes", "parse_bytes"]
 
@@ -52,6 +53,8 @@ def parse_bytes(text: str | int) -> int:
         value = float(num) * _UNITS[unit]
     except ValueError:
         raise ValueError(f"not a size: {text!r} (try 24GB, 512MiB, 4096)") from None
+    if not math.isfinite(value):  # nan, inf: not a size
+        raise ValueError(f"not a size: {text!r} (try 24GB, 512MiB, 4096)")
     if value < 0:
         raise ValueError(f"negative size {text!r}")
     return int(value)

@@ -68,10 +68,12 @@ class ActivationManager:
         self._ctx: Any = None
         self._blocks: dict[int, _BlockActs] = defaultdict(_BlockActs)
         self.other_bytes = 0
+        self._other_seen: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def begin_forward(self) -> None:
         """Start intercepting saved tensors (called when the model's forward starts)."""
         self.other_bytes = 0
+        self._other_seen.clear()
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._ctx.__enter__()
 
@@ -80,6 +82,7 @@ class ActivationManager:
         if self._ctx is not None:
             self._ctx.__exit__(None, None, None)
             self._ctx = None
+        self._other_seen.clear()
 
     def _pack(self, t: torch.Tensor) -> Any:
         rt = self.rt
@@ -88,11 +91,13 @@ class ActivationManager:
             return _ParamRef(owner, t)
         i = rt.current
         nbytes = t.numel() * t.element_size()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if i is None:
-            self.other_bytes += nbytes
+            if key not in self._other_seen:  # a tensor saved by several ops is counted once
+                self._other_seen[key] = t
+                self.other_bytes += nbytes
             return t
         acts = self._blocks[i]
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if key in acts.seen:
             return acts.seen[key][0]
         acts.saved_bytes += nbytes

@@ -71,9 +71,12 @@ def handle_of(model: nn.Module) -> OffloadHandle:
 
 
 def _budgets(cfg: OffloadConfig, device: torch.device) -> PlanBudgets:
+    """The budgets the plan must fit: on CUDA, ``allocator_headroom`` of the device budget stays unplanned."""
     dev = cfg.device_budget
     if dev is None and device.type == "cuda":
         dev = int(torch.cuda.mem_get_info(device)[1] * 0.9)
+    if dev is not None and device.type == "cuda":
+        dev = int(dev * (1.0 - cfg.allocator_headroom))
     return PlanBudgets(device=dev, host=cfg.host_budget, nvme=cfg.nvme_budget)
 
 
@@ -130,7 +133,12 @@ def wrap(
         prefetch_depth=cfg.prefetch_depth,
     )
     store = TensorStore(
-        TierBudgets(device=budgets.device, host=cfg.host_budget, nvme=cfg.nvme_budget, nvme_path=cfg.nvme_path),
+        TierBudgets(
+            device=cfg.device_budget or budgets.device,
+            host=cfg.host_budget,
+            nvme=cfg.nvme_budget,
+            nvme_path=cfg.nvme_path,
+        ),
         device=str(device),
     )
     runtime = OffloadRuntime(model, find_blocks(model, cfg.blocks), cfg, store, _DTYPES.get(cfg.compute_dtype))

@@ -61,6 +61,11 @@ class OffloadConfig(Config):
         d2h_gbps: Device-to-host bandwidth for the plan (0 = measure).
         cpu_optimizer_gparams: CPU optimizer throughput in Gparam/s for the plan (0 = measure).
         disk_gbps: NVMe bandwidth for the plan (0 = assume 1.5 GB/s).
+        allocator_headroom: Fraction of ``device_budget`` the plan leaves unused on CUDA for
+            what carina does not model: the caching allocator's fragmentation (reserved minus
+            allocated bytes) and library workspaces (cuBLAS, attention kernels). The plan's
+            simulated peak must fit ``device_budget * (1 - allocator_headroom)``. CPUs have no
+            caching allocator; there the whole budget is planned.
     """
 
     device: str = "auto"
@@ -80,6 +85,7 @@ class OffloadConfig(Config):
     d2h_gbps: float = 0.0
     cpu_optimizer_gparams: float = 0.0
     disk_gbps: float = 0.0
+    allocator_headroom: float = 0.05
 
     def validate(self) -> None:
         """Check ranges and combinations."""
@@ -101,6 +107,11 @@ class OffloadConfig(Config):
             not (self.overlap is OverlapMode.BACKWARD and self.max_grad_norm is not None),
             "overlap='backward' cannot clip exactly (the norm needs every gradient first); use 'auto' or 'step'",
             key="overlap",
+        )
+        require(
+            0.0 <= self.allocator_headroom < 0.9,
+            "allocator_headroom must be in [0, 0.9)",
+            key="allocator_headroom",
         )
         for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0", key=name)

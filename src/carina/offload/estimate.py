@@ -6,7 +6,11 @@ the shape alone so that a plan (and a :class:`CapacityError`) can be had for a
 bf16 compute: the block input and the RMSNorm inputs in float32, q/k/v, the
 attention output, the MLP's gate/up/activation/down inputs (about
 ``item*(6h + 2kv + 4i) + 8h`` bytes). Forward FLOPs per token and block:
-``2*params + 4*seq*h``.
+``2*params + 4*seq*h``. Outside the blocks, the loss saves the float32
+log-softmax of the logits (4 bytes per logit) and, while the head runs, needs
+a transient workspace of about three more float32 copies
+(:func:`~carina.offload.simulator.logits_workspace_bytes`): the same terms the
+runtime measures while profiling.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from carina.offload.simulator import BlockProfile, Hardware, ModelProfile
+from carina.offload.simulator import BlockProfile, Hardware, ModelProfile, logits_workspace_bytes
 
 __all__ = ["ShapeEstimate", "estimate_profile", "nominal_hardware"]
 
@@ -39,16 +43,17 @@ def estimate_profile(config: Any, est: ShapeEstimate, state_bytes: int = 8) -> M
     fwd = est.tokens * (2 * numel + 4 * est.seq_len * h) / (est.tflops * 1e12)
     vocab = config.vocab_size
     rest = vocab * h * (1 if config.tie_word_embeddings else 2) + h
-    logits = est.tokens * vocab * (item + 4)  # logits and their float32 upcast for the loss
+    logits = est.tokens * vocab
     copy = item + (0 if item == 4 else item)
     return ModelProfile(
         blocks=tuple(BlockProfile(f"layers.{k}", numel * item, numel, act, fwd) for k in range(n)),
         resident_param_bytes=rest * item,
         resident_numel=rest,
-        other_act_bytes=logits,
+        other_act_bytes=logits * 4 + est.tokens * h * item,  # saved log-softmax, the head's input
         other_fwd_s=est.tokens * 2 * rest / (est.tflops * 1e12),
         state_bytes_per_param=state_bytes,
         copy_bytes_per_param=copy,
+        head_workspace_bytes=logits_workspace_bytes(logits),
     )
 
 

@@ -168,17 +168,30 @@ def make_plan(
     if budgets.device is not None and floor > budgets.device:
         raise CapacityError(
             f"device budget {format_bytes(budgets.device)} is too small: streaming every block with "
-            f"activations {start.value} and prefetch depth {prefetch_depth} needs {format_bytes(floor)}; "
-            f"raise the device budget to at least {format_bytes(floor)}, lower prefetch_depth or use fewer "
-            f"tokens per micro-batch",
+            f"activations {start.value} and prefetch depth {prefetch_depth} needs {format_bytes(floor)}"
+            f"{_head_note(problem, blocks, floor)}; raise the device budget to at least {format_bytes(floor)}, "
+            f"lower prefetch_depth or use fewer tokens per micro-batch",
             tier="device",
             needed=floor,
             budget=budgets.device,
+            head_workspace=prof.head_workspace_bytes or None,
         )
     if fixed is None:
         blocks = _improve_activations(problem, blocks)
     blocks = _improve_residency(problem, blocks)
     return problem.finish(tuple(blocks))
+
+
+def _head_note(problem: _Problem, blocks: list[BlockPlan], floor: int) -> str:
+    """Name the head's transient workspace when the head stage is where the floor peaks."""
+    work = problem.prof.head_workspace_bytes
+    events, _ = simulate(tuple(blocks), problem.prof, problem.hw, problem.depth, problem.overlap)
+    if not work or not any(e.kind == "head" and e.device_bytes == floor for e in events):
+        return ""
+    return (
+        f" at the head, of which {format_bytes(work)} is the head workspace (transient logits, their "
+        f"float32 upcast and the loss gradients)"
+    )
 
 
 def _improve_activations(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:

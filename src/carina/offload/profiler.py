@@ -32,6 +32,7 @@ def model_profile(
     *,
     other_act_bytes: int = 0,
     other_fwd_s: float = 0.0,
+    head_workspace_bytes: int = 0,
     state_bytes: int = 8,
     steps: int = 1,
 ) -> ModelProfile:
@@ -42,6 +43,8 @@ def model_profile(
         rest: The group of non-block parameters.
         other_act_bytes: Bytes saved outside blocks (embeddings, head, loss).
         other_fwd_s: Forward seconds spent outside blocks.
+        head_workspace_bytes: Transient bytes of the head and loss (not saved), see
+            :mod:`carina.offload.workspace`.
         state_bytes: Optimizer state bytes per parameter.
         steps: Forward passes the times were summed over.
     """
@@ -59,6 +62,7 @@ def model_profile(
         other_fwd_s=max(0.0, other_fwd_s),
         state_bytes_per_param=state_bytes,
         copy_bytes_per_param=copy,
+        head_workspace_bytes=max(0, head_workspace_bytes),
     )
 
 

@@ -30,6 +30,7 @@ from carina.offload.activations import ActivationManager
 from carina.offload.blocks import ParamGroup, build_groups, release_device, restore_device
 from carina.offload.config import OffloadConfig, OverlapMode
 from carina.offload.simulator import Action
+from carina.offload.workspace import HeadWorkspace
 
 __all__ = ["OffloadRuntime"]
 
@@ -58,6 +59,7 @@ class OffloadRuntime:
         self.model, self.cfg, self.store = model, cfg, store
         self.device = store.device
         self.mover = Mover(self.device)
+        self.head = HeadWorkspace(self.device)  # before carina allocates anything on the device
         self.worker = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-optim")
         self.groups = build_groups(_partition(model, blocks), store, compute_dtype)
         self.blocks = self.groups[:-1]
@@ -87,6 +89,9 @@ class OffloadRuntime:
         h = self._handles
         h.append(model.register_forward_pre_hook(self._model_pre))
         h.append(model.register_forward_hook(self._model_post, always_call=True))
+        head_hook = self.head.hook(model)
+        if head_hook is not None:
+            h.append(head_hook)
         for g in self.blocks:
             assert g.module is not None
             h.append(g.module.register_forward_pre_hook(functools.partial(self._block_pre, g.index)))
@@ -109,6 +114,7 @@ class OffloadRuntime:
             self.micro += 1
         self.in_forward = True
         self._entered.clear()
+        self.head.cancel()
         self._sync_if_profiling()
         self._t0 = time.perf_counter()
         self.ensure(self.rest)
@@ -120,6 +126,7 @@ class OffloadRuntime:
             self.fwd_total += time.perf_counter() - self._t0
             self.fwd_count += 1
             self.other_act_bytes = max(self.other_act_bytes, self.acts.other_bytes)
+            self.head.note_output(out)
         self.acts.end_forward()
         self.in_forward = False
         self.current = None
@@ -143,6 +150,8 @@ class OffloadRuntime:
         g = self.blocks[i]
         if i < len(self.blocks) - 1 and not g.resident:
             self._release(g)
+        elif i == len(self.blocks) - 1 and self.profiling and torch.is_grad_enabled():
+            self.head.open()  # the head and the loss run until this block's backward
 
     def _block_forward(self, i: int, orig: Any, *args: Any, **kwargs: Any) -> Any:
         if self.actions[i] is Action.RECOMPUTE and torch.is_grad_enabled():
@@ -199,6 +208,8 @@ class OffloadRuntime:
                 self.ensure(self.groups[i])
             return
         self._entered.add(i)
+        if i == len(self.blocks) - 1:
+            self.head.close()
         self.ensure(self.blocks[i])
         for j in range(max(0, i - self.cfg.prefetch_depth), i):
             self.prefetch(self.blocks[j])

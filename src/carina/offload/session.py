@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from carina.offload.config import OffloadConfig
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
 from carina.offload.runtime import OffloadRuntime
-from carina.offload.simulator import Hardware
+from carina.offload.simulator import BlockPlan, Hardware, ModelProfile, simulate
 
 __all__ = ["OffloadOptimizer"]
 
@@ -68,6 +69,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.state_bytes = state_bytes_per_param(user)
         self.hardware: Hardware | None = None
         self.plan: Plan | None = None
+        self.profile: ModelProfile | None = None  # what the last plan was made from
         self.steps = 0
         self._charged: set[int] = set()
         self.spill: set[int] = set()  # blocks whose optimizer state lives on NVMe between updates
@@ -198,6 +200,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             state_bytes=self.state_bytes,
             steps=count,
         )
+        prof = replace(prof, head_workspace_bytes=rt.head.workspace(self._profiled_head(prof)))
+        self.profile = prof
         plan = make_plan(
             prof,
             self.budgets,
@@ -212,6 +216,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self.on_plan is not None:
             self.on_plan(plan)
         return plan
+
+    def _profiled_head(self, prof: ModelProfile) -> int:
+        """Device bytes the simulator puts at the head under the profiling plan (the measured one)."""
+        blocks = tuple(BlockPlan(activation=a) for a in self.rt.actions)
+        assert self.hardware is not None
+        events, _ = simulate(blocks, prof, self.hardware, self.cfg.prefetch_depth)
+        return max(e.device_bytes for e in events if e.kind == "head")
 
     def _will_overlap(self) -> bool:
         from carina.offload.config import OverlapMode

@@ -24,8 +24,18 @@ __all__ = [
     "SimEvent",
     "StepTime",
     "host_bytes",
+    "logits_workspace_bytes",
     "simulate",
 ]
+
+#: Float32 copies of the logits live at once, beyond the saved ones, while a causal LM's loss runs
+#: backward: the upcast (or the held logits), the loss gradient and the log-softmax gradient.
+LOGITS_FP32_COPIES = 3
+
+
+def logits_workspace_bytes(numel: int) -> int:
+    """Transient head/loss bytes for ``numel`` logits when no allocator peak is measured."""
+    return LOGITS_FP32_COPIES * 4 * numel
 
 
 class Action(enum.Enum):
@@ -49,7 +59,13 @@ class BlockProfile:
 
 @dataclass(frozen=True)
 class ModelProfile:
-    """The profiled model: its blocks and the parameters/activations outside them."""
+    """The profiled model: its blocks and the parameters/activations outside them.
+
+    ``other_act_bytes`` are tensors saved for backward outside the blocks (live from
+    forward to backward); ``head_workspace_bytes`` are transient bytes the output
+    layer and the loss allocate without saving them (logits, their float32 upcast,
+    the loss gradients), live only while the head runs.
+    """
 
     blocks: tuple[BlockProfile, ...]
     resident_param_bytes: int
@@ -59,6 +75,7 @@ class ModelProfile:
     state_bytes_per_param: int = 8  # AdamW m and v in float32
     copy_bytes_per_param: int = 0  # host gradient staging + compute copy, in the compute dtype
     bwd_over_fwd: float = 2.0
+    head_workspace_bytes: int = 0
 
     @property
     def numel(self) -> int:
@@ -177,8 +194,12 @@ class _Timeline:
                 self.send_d2h(prof.blocks[i].act_bytes)
             if i < n - 1 and not blocks[i].resident:
                 self.ready[i] = -1.0  # released after forward; the last block stays for backward
-        live = prof.resident_param_bytes * 2 + prof.other_act_bytes + _acts_live(prof, blocks, n, False)
+        kept = sum(b.act_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.activation is Action.KEEP)
+        live = prof.resident_param_bytes * 2 + prof.other_act_bytes + kept  # swapped ones return in backward
         live += sum(b.param_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.resident)
+        if n and not blocks[-1].resident:
+            live += prof.blocks[-1].param_bytes  # the last block stays on the device for backward
+        live += prof.head_workspace_bytes
         self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live)
         self.opts.append((self.send_d2h(prof.resident_param_bytes), prof.resident_numel / self.hw.optim))
         self.totals["cpu_optimizer"] += prof.resident_numel / self.hw.optim

@@ -39,3 +39,20 @@ def test_cli_round_trip(config: ProvisionConfig, golden: Path, tmp_path: Path) -
     finally:
         runner.invoke(app, ["down", "--config", str(cfg)])
     assert not (config.state_dir / "run" / "qemu-storage-daemon.pid").exists()
+
+
+def test_unknown_export_kind_is_refused_before_touching_state(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    res = CliRunner().invoke(app, ["node", "provision", "n1", "img", "--export", "floppy", "--state", str(state)])
+    assert res.exit_code == 1
+    assert "floppy" in res.output and "export" in res.output
+    assert not state.exists()
+
+
+def test_listing_a_missing_state_is_an_error_not_an_empty_service(tmp_path: Path) -> None:
+    state = tmp_path / "typo"
+    for args in (["image", "ls"], ["node", "ls"], ["reconcile"], ["down"]):
+        res = CliRunner().invoke(app, [*args, "--state", str(state)])
+        assert res.exit_code == 1, args
+        assert "no provisioning state" in res.output and "typo" in res.output
+    assert not state.exists()

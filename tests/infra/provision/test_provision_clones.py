@@ -47,8 +47,10 @@ def test_rbd_driver_against_a_cluster() -> None:
     try:
         clone = drv.create(Path("rbd") / name, "raw", Path("rbd") / f"{name}-c")
         flat = drv.flatten(clone, Path("rbd") / f"{name}-f")
+        assert {f"{name}-c", f"{name}-f"} <= set(rbd.RBD().list(ioctx))
         drv.delete(flat)
         drv.delete(clone)
+        assert not {f"{name}-c", f"{name}-f"} & set(rbd.RBD().list(ioctx))
     finally:
         with rbd.Image(ioctx, name) as img:
             img.unprotect_snap(RbdDriver.SNAP)

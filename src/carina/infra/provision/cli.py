@@ -43,13 +43,23 @@ def _config(state: Path, config: Path | None) -> ProvisionConfig:
     return cfg
 
 
-def _run(state: Path, config: Path | None, project: str | None, fn: Any) -> Any:
-    """Open the provisioner, make sure ``project`` exists, run ``fn(prov)``; errors exit 1."""
+def _run(state: Path, config: Path | None, project: str | None, fn: Any, *, create: bool = False) -> Any:
+    """Open the provisioner, make sure ``project`` exists, run ``fn(prov)``; errors exit 1.
+
+    Only commands that add something (``create``) may start a new state directory: a
+    mistyped ``--state`` must not read as an empty service.
+    """
+    from carina.core.errors import ProvisioningError
     from carina.infra.provision.service import Provisioner
 
     prov: Provisioner | None = None
     try:
-        prov = Provisioner(_config(state, config))
+        cfg = _config(state, config)
+        if not create and not cfg.state_dir.is_dir():
+            raise ProvisioningError(
+                "no provisioning state here (add a project, image or node first)", path=str(cfg.state_dir)
+            )
+        prov = Provisioner(cfg)
         if project:
             prov.ensure_project(project)
         return fn(prov)
@@ -108,7 +118,7 @@ def down(state: State = _STATE, config: ConfigFile = None) -> None:
 @project_app.command("add")
 def project_add(name: str, state: State = _STATE, config: ConfigFile = None, as_json: Json = False) -> None:
     """Create a project and print its API token (shown once)."""
-    token = _run(state, config, None, lambda p: p.create_project(name))
+    token = _run(state, config, None, lambda p: p.create_project(name), create=True)
     _out({"project": name, "token": token}, as_json)
 
 
@@ -132,7 +142,10 @@ def image_import(
     as_json: Json = False,
 ) -> None:
     """Import a raw or qcow2 golden image (vetted, copied, checksummed)."""
-    _out(_run(state, config, project, lambda p: p.import_image(project, name, path, fmt=fmt, sha256=sha256)), as_json)
+    imported = _run(
+        state, config, project, lambda p: p.import_image(project, name, path, fmt=fmt, sha256=sha256), create=True
+    )
+    _out(imported, as_json)
 
 
 @image_app.command("ls")
@@ -178,7 +191,10 @@ def node_add(
 ) -> None:
     """Register a node by MAC."""
     params = dict(kv.split("=", 1) for kv in (param or []) if "=" in kv)
-    _out(_run(state, config, project, lambda p: p.add_node(project, name, mac, power=power, params=params)), as_json)
+    added = _run(
+        state, config, project, lambda p: p.add_node(project, name, mac, power=power, params=params), create=True
+    )
+    _out(added, as_json)
 
 
 @node_app.command("ls")
@@ -203,10 +219,17 @@ def node_provision(
     as_json: Json = False,
 ) -> None:
     """Clone IMAGE for node NAME, export it, bind its iPXE script (and boot it)."""
+    from carina.core.config import choice
     from carina.infra.provision.config import ExportKind
 
+    try:
+        kind = choice(ExportKind, export, key="export")
+    except CarinaError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
     def go(p: Provisioner) -> dict[str, Any]:
-        placement = p.provision(project, name, image, ExportKind(export))
+        placement = p.provision(project, name, image, kind)
         if boot:
             p.power_on(project, name)
         return {**placement.__dict__, "export": placement.export.value, "booted": boot}

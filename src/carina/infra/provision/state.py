@@ -8,7 +8,6 @@ import secrets
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, UniqueConstraint, create_engine, event
-from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 __all__ = ["Base", "ImageRow", "NodeRow", "ProjectRow", "hash_token", "new_token", "open_database"]
@@ -102,10 +101,3 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA journal_mode=WAL")
     cur.close()
-
-
-def engine_of(factory: sessionmaker[Session]) -> Engine:
-    """The engine behind a session factory (to dispose of it)."""
-    bind = factory.kw["bind"]
-    assert isinstance(bind, Engine)
-    return bind

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from carina.core.errors import CarinaError
+from carina.core.errors import CarinaError, ConfigError
 from carina.offload.disagg.config import DisaggConfig
 from carina.offload.disagg.control import Control, WorkerDied
 from carina.offload.disagg.demo import lm_loss, synthetic_batch, tiny_llama
@@ -105,6 +105,7 @@ def launch(
     Raises:
         WorkerDied: A worker died; the error names it and the masters stay at the last full step.
         CapacityError: The shared segment does not fit ``cfg.shm_dir`` (before anything starts).
+        ConfigError: ``cfg.shm_dir`` is not a directory.
     """
     import torch.multiprocessing as mp
 
@@ -114,6 +115,8 @@ def launch(
     ctx.set_forkserver_preload(
         ["carina.offload.disagg.job", "carina.offload.disagg.worker", "transformers.models.llama.modeling_llama"]
     )
+    if not cfg.shm_dir.is_dir():
+        raise ConfigError("shm_dir is not a directory", key="shm_dir", path=str(cfg.shm_dir))
     job = Path(tempfile.mkdtemp(prefix="carina-disagg-", dir=cfg.shm_dir))
     try:
         layout, segment, control = _init_segment(cfg, job, model_fn())
