@@ -14,7 +14,7 @@ APT_PACKAGES=(
   python3-venv git
   qemu-system-x86 qemu-utils qemu-system-common qemu-block-extra ipxe-qemu
   linux-image-cloud-amd64 busybox-static
-  tgt nbdkit libnbd-bin python3-libnbd nbd-client fio mmdebstrap
+  tgt nbdkit libnbd-bin python3-libnbd nbd-client fio mmdebstrap pciutils
   e2fsprogs xfsprogs dosfstools lvm2 fdisk rpm
 )
 

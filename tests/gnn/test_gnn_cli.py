@@ -1,7 +1,9 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
+from carina.core.errors import ConfigError
 from carina.gnn.cli import app
 
 runner = CliRunner()
@@ -82,7 +84,23 @@ def test_prepare_train_calibrate_plan(tmp_path):
 
 def test_bad_fanouts_are_a_config_error(tmp_path):
     result = runner.invoke(app, ["train", str(tmp_path), "--fanouts", "a,b"])
-    assert result.exit_code != 0
+    assert isinstance(result.exception, ConfigError) and result.exception.context["key"] == "fanouts"
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (["train", ".", "--model", "gat"], "model"),
+        (["train", ".", "--compare", "mmap"], "compare"),
+        (["train", ".", "--hotness", "random"], "hotness"),
+        (["prepare", "out", "--generator", "er"], "generator"),
+        (["topo", "--topology", "no-such-machine"], "topology"),
+    ],
+)
+def test_bad_choices_are_config_errors_naming_the_key(tmp_path, args, key):
+    result = runner.invoke(app, [str(tmp_path / a) if a in (".", "out") else a for a in args])
+    assert isinstance(result.exception, ConfigError), result.output
+    assert result.exception.context["key"] == key
 
 
 def test_topo_and_place(tmp_path):
@@ -121,3 +139,12 @@ def test_plan_from_a_workload_file(tmp_path):
     res = _json(runner.invoke(app, [*args, "--max-ssds", "4", "--json"]))
     assert len(res["candidates"]) == 4 and res["best"]["bottleneck"] in {"disk", "sample"}
     assert runner.invoke(app, ["plan"]).exit_code != 0
+
+
+def test_unknown_device_is_a_config_error():
+    from carina.gnn.runner import RunConfig
+
+    assert RunConfig(device="cuda:1").device == "cuda:1"
+    with pytest.raises(ConfigError) as info:
+        RunConfig(device="tpu")
+    assert info.value.context["key"] == "device"

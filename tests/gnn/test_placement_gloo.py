@@ -1,20 +1,48 @@
 import json
 
+import pytest
 import torch.multiprocessing as mp
 
 from carina.gnn.dataset import PrepareConfig, prepare
 from carina.testing.gnn import placed_training_worker
 
 
-def test_two_process_gloo_run_with_placement_matches_in_memory(tmp_path):
-    """Simulated 2-GPU run (two CPU processes, gloo): placed features give the in-memory losses."""
+def _expected_order(plan_order: list[str], me: str, own_rows: bool) -> list[str]:
+    """The plan's order with every peer at the first peer's place (one exchange serves them all)."""
+    out: list[str] = []
+    for s in plan_order:
+        if s.startswith("gpu"):
+            if not any(x.startswith("gpu") for x in out):
+                out += [p for p in plan_order if p.startswith("gpu")]
+        else:
+            out.append(s)
+    return out + ([me] if own_rows else [])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_run_follows_routes_and_matches_in_memory(tmp_path, world):
+    """Simulated multi-GPU run (CPU processes, gloo): routed features give the in-memory losses bit for bit."""
     root = tmp_path / "ds"
     prepare(PrepareConfig(num_nodes=2048, avg_degree=6, feature_dim=24, num_classes=4, train_fraction=0.2), root)
-    mp.spawn(placed_training_worker, args=(2, str(root), str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    for rank in range(2):
+    args = (world, str(root), str(tmp_path / "init"), str(tmp_path))
+    mp.spawn(placed_training_worker, args=args, nprocs=world, join=True)
+    kinds_seen: set[str] = set()
+    for rank in range(world):
         res = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert res["simulated"] is True
         assert len(res["placed"]) == 3
-        assert res["placed"] == res["in-memory"]
+        assert res["placed"] == res["in-memory"]  # floats from JSON: bitwise equal
+        me = f"gpu{rank}"
+        assert len(res["batches"]) >= 3
+        for b in res["batches"]:
+            # every byte pulled came from the source the plan assigned, in the amount its routes carry
+            assert b["pulled"] == b["planned"]
+            for src, n in b["planned"].items():
+                assert n % res["row_bytes"] == 0
+                assert b["routed"][src] == pytest.approx(n, rel=1e-6)
+            assert b["order"] == _expected_order(b["plan_order"], me, own_rows=me in b["order"])
+            assert b["predicted_s"] > 0
+            kinds_seen |= {s.rstrip("0123456789") for s in b["pulled"]}
         served = res["served"]
         assert served["own"] > 0 and served["peer"] > 0 and served["disk"] > 0
+    assert kinds_seen == {"gpu", "ssd", "dram"}

@@ -11,19 +11,25 @@ import carina.offload as co
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("policy", ["plan", "swap", "recompute"])
+# Device budgets per policy. On the H100, swap at 1.6 MB was refused with CapacityError at planning (its
+# measured head workspace leaves no room): carina kept its promise, so swap gets more room here.
+BUDGETS = {"plan": 1_600_000, "swap": 2_500_000, "recompute": 1_600_000}
+
+
+@pytest.mark.parametrize("policy", sorted(BUDGETS))
 def test_cuda_offload_tracks_plain_gpu_training(policy):
+    budget = BUDGETS[policy]
     ref_model = tiny_llama().cuda()
     ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3, foreach=False)
     ref = train_losses(ref_model, ref_opt, 6, device="cuda")
 
     model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
-    model, opt = co.wrap(model, co.Config(device="cuda", device_budget=1_600_000, activations=policy), optimizer=opt)
+    model, opt = co.wrap(model, co.Config(device="cuda", device_budget=budget, activations=policy), optimizer=opt)
     got = train_losses(model, opt, 6, device="cuda")
     handle = co.handle_of(model)
     assert handle.runtime.mover.cuda
-    assert handle.stats().peak["device"] <= 1_600_000
+    assert handle.stats().peak["device"] <= budget
     torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-4)
 
 

@@ -45,6 +45,7 @@ def prepare(
     json_out: JsonOpt = False,
 ) -> None:
     """Generate a power-law graph with id-derived features into a dataset directory."""
+    from carina.core.config import choice
     from carina.gnn.dataset import GeneratorKind, PrepareConfig
     from carina.gnn.dataset import prepare as do_prepare
 
@@ -52,7 +53,7 @@ def prepare(
         num_nodes=nodes,
         avg_degree=avg_degree,
         gamma=gamma,
-        generator=GeneratorKind(generator),
+        generator=choice(GeneratorKind, generator, key="generator"),
         feature_dim=dim,
         dtype=dtype,
         num_classes=classes,
@@ -85,25 +86,28 @@ def train(
     json_out: JsonOpt = False,
 ) -> None:
     """Train GraphSAGE/GCN with features on disk; compare with all features in memory."""
+    from carina.core.config import choice
     from carina.gnn.cache import CacheConfig, HotnessSource
     from carina.gnn.dataset import Dataset
     from carina.gnn.runner import Compare, RunConfig, run_training
     from carina.gnn.train import ModelKind, TrainConfig
 
+    train_cfg = TrainConfig(
+        model=choice(ModelKind, model, key="model"),
+        fanouts=_fanouts(fanouts),
+        batch_size=batch_size,
+        hidden=hidden,
+        pipeline_depth=depth,
+        max_batches=max_batches,
+    )
+    source, baseline = choice(HotnessSource, hotness, key="hotness"), choice(Compare, compare, key="compare")
     ds = Dataset.open(dataset)
     n = ds.manifest.num_nodes
     cfg = RunConfig(
-        train=TrainConfig(
-            model=ModelKind(model),
-            fanouts=_fanouts(fanouts),
-            batch_size=batch_size,
-            hidden=hidden,
-            pipeline_depth=depth,
-            max_batches=max_batches,
-        ),
-        cache=CacheConfig(gpu_rows=int(gpu_cache * n), host_rows=int(host_cache * n), hotness=HotnessSource(hotness)),
+        train=train_cfg,
+        cache=CacheConfig(gpu_rows=int(gpu_cache * n), host_rows=int(host_cache * n), hotness=source),
         device=device,
-        compare=Compare(compare),
+        compare=baseline,
     )
     total = max_batches or -(-ds.train_idx.numel() // batch_size)
     with progress() as bar:
@@ -230,7 +234,8 @@ TopoOpt = Annotated[
     str,
     typer.Option(
         "--topology",
-        help="A built-in name, a JSON file, an `nvidia-smi topo -m` text file, or 'detect' (this machine).",
+        help="A built-in name, a JSON file, an `nvidia-smi topo -m` or `lspci -tv` text file,"
+        " or 'detect' (this machine).",
     ),
 ]
 
@@ -246,10 +251,14 @@ def _topology(spec: str) -> Any:
     if not path.is_file():
         from carina.core.errors import ConfigError
 
-        raise ConfigError(f"not a built-in ({', '.join(topology.BUILTINS)}) nor a file", key=spec)
+        raise ConfigError(f"not a built-in ({', '.join(topology.BUILTINS)}) nor a file", key="topology", path=spec)
     text = path.read_text()
     if text.lstrip().startswith("{"):
         return topology.from_json(text, source=str(path))
+    if text.startswith(("-[", "-+-[")):
+        from carina.gnn.placement.lspci import from_lspci
+
+        return from_lspci(text, name=path.stem)
     return discover.from_nvidia_smi(text, name=path.stem)
 
 
@@ -260,13 +269,24 @@ def _detect() -> Any:
     from carina.core.errors import BackendUnavailable
     from carina.gnn.placement import discover
 
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        raise BackendUnavailable("nvidia-smi not found: describe the machine in JSON or use a built-in")
-    out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise BackendUnavailable(f"nvidia-smi topo -m failed: {out.stderr.strip()[:200]}")
-    topo = discover.from_nvidia_smi(out.stdout, name="detected")
+    def run(*argv: str) -> str | None:
+        exe = shutil.which(argv[0])
+        if exe is None:
+            return None
+        out = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise BackendUnavailable(f"{' '.join(argv)} failed: {out.stderr.strip()[:200]}")
+        return out.stdout
+
+    smi = run("nvidia-smi", "topo", "-m")
+    tree = run("lspci", "-tv", "-nn")
+    if tree is not None:
+        from carina.gnn.placement.lspci import from_lspci
+
+        return from_lspci(tree, run("lspci", "-D", "-vmm", "-nn"), nvidia_smi=smi, name="detected")
+    if smi is None:
+        raise BackendUnavailable("neither lspci nor nvidia-smi found: describe the machine in JSON or use a built-in")
+    topo = discover.from_nvidia_smi(smi, name="detected")
     discover.add_sysfs_nvme(topo)
     return topo
 

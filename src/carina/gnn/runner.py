@@ -13,13 +13,14 @@ the losses agree bit for bit::
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from carina.core.config import Config
+from carina.core.config import Config, require
 from carina.gnn.cache import CacheConfig, HotnessSource, StaticCache, degree_hotness, presample_hotness
 from carina.gnn.dataset import Dataset
 from carina.gnn.pipeline import FeatureSource
@@ -49,6 +50,11 @@ class RunConfig(Config):
     device: str = "cpu"
     compare: Compare = Compare.IN_MEMORY
     presample_seed: int = 1_000_003
+
+    def validate(self) -> None:
+        """The device is ``cpu``, ``cuda`` or ``cuda:N``."""
+        known = re.fullmatch(r"cpu|cuda(:\d+)?", self.device) is not None
+        require(known, "device is cpu, cuda or cuda:N", key="device")
 
 
 @dataclass

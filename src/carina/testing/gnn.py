@@ -18,7 +18,14 @@ import pytest
 import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
-__all__ = ["FeatureStoreTests", "InMemoryFeatureStore", "fake_topology", "placed_training_worker", "two_gpu_machine"]
+__all__ = [
+    "FeatureStoreTests",
+    "InMemoryFeatureStore",
+    "fake_topology",
+    "gpu_machine",
+    "placed_training_worker",
+    "two_gpu_machine",
+]
 
 
 class InMemoryFeatureStore(FeatureStore):
@@ -116,20 +123,30 @@ class FeatureStoreTests:
 
 def two_gpu_machine() -> Any:
     """A small simulated machine: one socket, DRAM, two switches each with a GPU and an SSD."""
+    return gpu_machine(2)
+
+
+def gpu_machine(n: int) -> Any:
+    """A small simulated machine: one socket, DRAM, ``n`` switches each with a GPU and an SSD.
+
+    The GPUs are joined pairwise by 50 GB/s peer links so that peers' caches are worth using.
+    """
     from carina.gnn.placement.topology import NodeKind, Topology
 
-    t = Topology(name="fake-2gpu", simulated=True)
+    t = Topology(name=f"fake-{n}gpu", simulated=True)
     t.add("cpu0", NodeKind.CPU)
     t.add("dram0", NodeKind.DRAM)
     t.connect("dram0", "cpu0", 20.0)
-    for s in range(2):
+    for s in range(n):
         t.add(f"sw{s}", NodeKind.SWITCH)
         t.connect(f"sw{s}", "cpu0", 12.0)
         t.add(f"gpu{s}", NodeKind.GPU)
         t.connect(f"gpu{s}", f"sw{s}", 24.0)
         t.add(f"ssd{s}", NodeKind.SSD)
         t.connect(f"ssd{s}", f"sw{s}", 3.0, both=False)
-    t.connect("gpu0", "gpu1", 50.0)  # a peer link so that peers' caches are worth using
+    for a in range(n):
+        for b in range(a + 1, n):
+            t.connect(f"gpu{a}", f"gpu{b}", 50.0)
     return t
 
 
@@ -138,20 +155,17 @@ def placed_training_worker(rank: int, world: int, root: str, init_file: str, out
 
     Each rank trains a DDP replica on its shard twice from the same seed: once with all
     features in memory, once with features served by :class:`PlacedFeatures` following a
-    greedy placement on :func:`two_gpu_machine`. Losses and served-row counts go to
-    ``out_dir/rank<r>.json``.
+    greedy placement on :func:`gpu_machine` and the per-batch routes. Losses, served-row
+    counts and each batch's planned / pulled bytes per source go to ``out_dir/rank<r>.json``.
     """
     import json
     from dataclasses import asdict
     from pathlib import Path
 
-    import numpy as np
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from carina.gnn.cache import degree_hotness
     from carina.gnn.dataset import Dataset
-    from carina.gnn.placement.place import Items, place_greedy
     from carina.gnn.placement.runtime import PlacedFeatures
     from carina.gnn.sampler import NeighborSampler
     from carina.gnn.store import OutOfCoreFeatures
@@ -163,22 +177,16 @@ def placed_training_worker(rank: int, world: int, root: str, init_file: str, out
     ds = Dataset.open(root)
     m = ds.manifest
     chunk = 128
-    hot = degree_hotness(ds.graph)
-    n_chunks = -(-m.num_nodes // chunk)
-    per_chunk = torch.zeros(n_chunks).index_add_(0, torch.arange(m.num_nodes) // chunk, hot).numpy()
-    noise = np.random.default_rng(0).uniform(0.5, 1.5, (n_chunks, world))
+    topo = gpu_machine(world)
     gpus = [f"gpu{r}" for r in range(world)]
-    items = Items(size_gb=np.ones(n_chunks), traffic=per_chunk[:, None] * noise / per_chunk.sum(), gpus=gpus)
-    caps = {"gpu0": 0.2 * n_chunks, "gpu1": 0.2 * n_chunks, "dram0": 0.2 * n_chunks, "ssd0": n_chunks, "ssd1": n_chunks}
-    topo = two_gpu_machine()
-    placement = place_greedy(topo, items, capacity_gb=caps, replicate=(0.0,))
+    placement = _worker_placement(ds, topo, gpus, chunk)
     cfg = TrainConfig(hidden=16, fanouts=[5, 5], batch_size=32, max_batches=3, pipeline_depth=2)
     shard = ds.train_idx[rank::world]
     out: dict[str, Any] = {"simulated": topo.simulated}
     with IOEngine(IOConfig(workers=2)) as eng:
         store = OutOfCoreFeatures(ds, engine=eng)
         group = dist.new_group(backend="gloo")
-        placed = PlacedFeatures(ds, placement, chunk_rows=chunk, gpus=gpus, store=store, group=group)
+        placed = PlacedFeatures(ds, placement, chunk_rows=chunk, gpus=gpus, store=store, topology=topo, group=group)
         for name, src in (("in-memory", InMemoryFeatures(ds.read_all_features())), ("placed", placed)):
             torch.manual_seed(0)
             model = DistributedDataParallel(GNN(ModelKind.SAGE, m.feature_dim, 16, m.num_classes, 2))
@@ -186,9 +194,30 @@ def placed_training_worker(rank: int, world: int, root: str, init_file: str, out
             sampler = NeighborSampler(ds.graph, fanouts=cfg.fanouts, seed=100 + rank)
             out[name] = train_epoch(model, opt, sampler, src, ds.labels, shard, cfg).losses
         out["served"] = asdict(placed.stats)
+        out["batches"] = [asdict(b) for b in placed.log]
+        out["row_bytes"] = placed.row_bytes
+        placed.close()
         store.close()
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
+
+
+def _worker_placement(ds: Any, topo: Any, gpus: list[str], chunk: int) -> Any:
+    """Greedy single-holder placement of 128-row chunks by degree hotness (GPU caches, DRAM, SSDs)."""
+    import numpy as np
+
+    from carina.gnn.cache import degree_hotness
+    from carina.gnn.placement.place import Items, place_greedy
+
+    n = ds.manifest.num_nodes
+    hot = degree_hotness(ds.graph)
+    n_chunks = -(-n // chunk)
+    per_chunk = torch.zeros(n_chunks).index_add_(0, torch.arange(n) // chunk, hot).numpy()
+    noise = np.random.default_rng(0).uniform(0.5, 1.5, (n_chunks, len(gpus)))
+    items = Items(size_gb=np.ones(n_chunks), traffic=per_chunk[:, None] * noise / per_chunk.sum(), gpus=gpus)
+    caps = {g: 0.2 * n_chunks for g in gpus} | {"dram0": 0.2 * n_chunks}
+    caps |= {s: float(n_chunks) for s in topo.nodes if s.startswith("ssd")}
+    return place_greedy(topo, items, capacity_gb=caps, replicate=(0.0,))
 
 
 def fake_topology(name: str) -> Any:

@@ -36,6 +36,7 @@ __all__ = [
     "place_exact",
     "place_greedy",
     "replicate_hottest",
+    "source_of",
 ]
 
 #: Where a GPU reads an item it does not hold, best first.
@@ -87,6 +88,11 @@ def _source(topo: Topology, holders: list[str], gpu: str) -> str:
             near = [h for h in same if topo.nodes[h].socket == socket]
             return (near or same)[0]
     raise ConfigError("an item has no holder", key="holders")
+
+
+def source_of(topo: Topology, holders: list[str], gpu: str) -> str:
+    """Where ``gpu`` reads an item held by ``holders``: its own copy, else by :data:`PREFERENCE`, same socket first."""
+    return _source(topo, holders, gpu)
 
 
 def demands_of(topo: Topology, items: Items, placement: Placement) -> list[Demand]:

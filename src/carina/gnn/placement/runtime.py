@@ -1,49 +1,71 @@
-"""Serve features in a multi-process run (one process per GPU) as a placement says.
+"""Serve features in a multi-process run (one process per GPU) along the planned routes.
 
 Features are cut into chunks of ``chunk_rows`` consecutive node ids; a
-:class:`~carina.gnn.placement.place.Placement` names each chunk's holders. Rank
-``r`` (GPU ``gpus[r]``) reads a row from, in order of preference: its own device
-cache, host memory (DRAM holders), the feature file (SSD holders, through the
-out-of-core store), or the device cache of the peer rank that holds it. Peer rows
-travel through ``torch.distributed`` (gloo on CPU, NCCL-capable collectives on
-GPUs) in one all-gather exchange per batch on a process group of their own, so
-the training loop's collectives never interleave with them. Every rank must
-fetch the same number of batches::
+:class:`~carina.gnn.placement.place.Placement` names each chunk's holders, and
+:func:`~carina.gnn.placement.place.source_of` picks, per GPU, the holder it reads
+from (own cache, a socket's DRAM, an SSD, a peer's cache) — the same rule the
+placement's cost model used. Per batch, :meth:`PlacedFeatures.read`:
+
+1. all-gathers every rank's row counts per source (one small ``int64`` matrix);
+2. schedules the batch with :func:`~carina.gnn.placement.routes.plan_batch` (the
+   multi-commodity LP over the topology; identical on every rank);
+3. starts its fetches source by source in the plan's order (slowest route first):
+   SSD rows through the out-of-core store (``carina.io``) on a background reader
+   thread, one SSD after the other, while the next sources are served; DRAM rows
+   from host memory, peer rows through one ``all_to_all_single`` whose per-peer split sizes
+   are the gathered counts (each rank receives only the rows it asked for), and
+   its own cache's rows last.
+
+Bytes pulled per source are counted (:attr:`PlacedFeatures.log`) so a test can hold
+them to the plan. All collectives run inside :meth:`read` on a process group of
+their own; every rank must read the same number of batches::
 
     src = PlacedFeatures(dataset, placement, chunk_rows=4096, gpus=["gpu0", "gpu1"],
-                         store=ooc_store, group=dist.new_group(backend="gloo"))
+                         store=ooc_store, topology=topo, group=dist.new_group(backend="gloo"))
     train_epoch(ddp_model, opt, sampler, src, labels, my_shard, cfg)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from carina.core.errors import ConfigError
 from carina.gnn.dataset import Dataset
-from carina.gnn.placement.place import Placement
+from carina.gnn.placement.place import Placement, source_of, stores_of
+from carina.gnn.placement.routes import BatchRoutes, plan_batch
+from carina.gnn.placement.topology import NodeKind, Topology
 
-__all__ = ["PlacedFeatures", "PlacedPlan"]
-
-OWN, HOST, DISK, PEER = 0, 1, 2, 3
+__all__ = ["BatchLog", "PlacedFeatures", "PlacedPlan"]
 
 
 @dataclass
 class PlacedPlan:
-    """Where each row of one batch comes from."""
+    """One batch: its node ids and the source index of each row."""
 
     n_id: torch.Tensor
-    tier: torch.Tensor  # OWN / HOST / DISK / PEER per row
-    owner: torch.Tensor  # holding rank for PEER rows, -1 otherwise
-    disk_plan: Any = None
+    source: torch.Tensor  # index into PlacedFeatures.sources per row
+
+
+@dataclass
+class BatchLog:
+    """What one batch did: the plan's bytes per source, the bytes pulled, the fetch order."""
+
+    planned: dict[str, int] = field(default_factory=dict)
+    routed: dict[str, float] = field(default_factory=dict)
+    pulled: dict[str, int] = field(default_factory=dict)
+    plan_order: list[str] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    predicted_s: float = 0.0
 
 
 @dataclass
 class PlacedStats:
-    """Rows served per tier."""
+    """Rows served per kind of source."""
 
     own: int = 0
     host: int = 0
@@ -52,7 +74,7 @@ class PlacedStats:
 
 
 class PlacedFeatures:
-    """A feature source for rank ``dist.get_rank()`` following ``placement``."""
+    """A feature source for rank ``dist.get_rank()`` following ``placement`` and the per-batch routes."""
 
     def __init__(
         self,
@@ -62,120 +84,145 @@ class PlacedFeatures:
         chunk_rows: int,
         gpus: list[str],
         store: Any,
+        topology: Topology,
         group: Any = None,
         device: str | torch.device = "cpu",
     ) -> None:
         import torch.distributed as dist
 
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if len(gpus) != self.world:
             raise ConfigError(f"{len(gpus)} GPUs named for {self.world} processes", key="gpus")
-        self.group, self.store, self.device = group, store, torch.device(device)
-        self.chunk_rows = chunk_rows
-        n = dataset.manifest.num_nodes
-        self.dim, self.dtype = dataset.manifest.feature_dim, dataset.manifest.torch_dtype
-        me = gpus[self.rank]
-        tier = torch.full((len(placement.holders),), DISK, dtype=torch.int8)
-        owner = torch.full((len(placement.holders),), -1, dtype=torch.int64)
-        for c, holders in enumerate(placement.holders):
-            tier[c], owner[c] = _choose(holders, me, gpus)
-        self.chunk_tier, self.chunk_owner = tier, owner
-        node_chunk = torch.arange(n) // chunk_rows
-        self.row_tier, self.row_owner = tier[node_chunk], owner[node_chunk]
-        self.own_ids = self._ids_in(lambda c: me in placement.holders[c], n)
-        self.host_ids = self._ids_in(lambda c: int(tier[c]) == HOST, n)
+        self.group, self.store, self.device, self.topo = group, store, torch.device(device), topology
+        self.gpus, self.me = gpus, gpus[self.rank]
+        self.sources = stores_of(topology)
+        m = dataset.manifest
+        self.dim, self.dtype, self.chunk_rows = m.feature_dim, m.torch_dtype, chunk_rows
+        self.row_bytes = m.feature_dim * m.torch_dtype.itemsize
+        chunk_src = [self.sources.index(_checked(topology, hs, self.me, gpus)) for hs in placement.holders]
+        node_chunk = torch.arange(m.num_nodes) // chunk_rows
+        self.row_source = torch.tensor(chunk_src, dtype=torch.int64)[node_chunk]
+        own_chunks = [c for c, hs in enumerate(placement.holders) if self.me in hs]
+        host_chunks = [c for c, s in enumerate(chunk_src) if self._kind(s) is NodeKind.DRAM]
+        self.own_ids, self.host_ids = self._ids(own_chunks, m.num_nodes), self._ids(host_chunks, m.num_nodes)
         self.own = store.read_rows(self.own_ids).to(self.device)
         self.host = store.read_rows(self.host_ids)
         self.stats = PlacedStats()
+        self.log: list[BatchLog] = []
+        self._disk = ThreadPoolExecutor(max_workers=1, thread_name_prefix="carina-placed-disk")
 
-    def _ids_in(self, pred: Any, n: int) -> torch.Tensor:
-        chunks = [c for c in range(len(self.chunk_tier)) if pred(c)]
+    def _kind(self, s: int) -> NodeKind:
+        return self.topo.nodes[self.sources[s]].kind
+
+    def _ids(self, chunks: list[int], n: int) -> torch.Tensor:
         parts = [torch.arange(c * self.chunk_rows, min((c + 1) * self.chunk_rows, n)) for c in chunks]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
     def plan(self, n_id: torch.Tensor) -> PlacedPlan:
-        """Classify the batch's rows; plan the disk reads."""
+        """Each row's source (local, no communication)."""
         ids = n_id.cpu()
-        tier, owner = self.row_tier[ids], self.row_owner[ids]
-        disk_ids = ids[tier == DISK]
-        return PlacedPlan(n_id=ids, tier=tier, owner=owner, disk_plan=self.store.plan(disk_ids))
+        return PlacedPlan(n_id=ids, source=self.row_source[ids])
 
     def read(self, plan: PlacedPlan) -> torch.Tensor:
-        """Disk reads, then the peer exchange; returns ``[rows, dim]`` in batch order (CPU)."""
+        """Plan the batch's routes with every rank, then fetch source by source in the plan's order."""
+        counts = torch.bincount(plan.source, minlength=len(self.sources)).to(torch.int64)
+        gathered = [torch.zeros_like(counts) for _ in range(self.world)]
+        _dist().all_gather(gathered, counts, group=self.group)
+        matrix = torch.stack(gathered).numpy()
+        routes = plan_batch(self.topo, self.sources, self.gpus, matrix, self.row_bytes)
+        log = self._start_log(routes)
         out = torch.empty(plan.n_id.numel(), self.dim, dtype=self.dtype)
-        disk = plan.tier == DISK
-        if plan.disk_plan is not None:
-            rows = self.store.read(plan.disk_plan)
-            fill = torch.empty_like(rows)
-            fill[plan.disk_plan.lookup.miss_pos.cpu()] = rows
-            out[disk] = fill
-        host = plan.tier == HOST
-        out[host] = self.host[torch.searchsorted(self.host_ids, plan.n_id[host])]
-        own = plan.tier == OWN
-        out[own] = self.own[torch.searchsorted(self.own_ids, plan.n_id[own])].cpu()
-        peer = plan.tier == PEER
-        out[peer] = self._exchange(plan.n_id[peer], plan.owner[peer])
-        self.stats.own += int(own.sum())
-        self.stats.host += int(host.sum())
-        self.stats.disk += int(disk.sum())
-        self.stats.peer += int(peer.sum())
+        exchanged, disk = False, []
+        for name in [*routes.order[self.me], self.me]:
+            kind, s = self.topo.nodes[name].kind, self.sources.index(name)
+            if kind is NodeKind.GPU and name != self.me:
+                if not exchanged:
+                    self._exchange(plan, matrix, out, log, routes.order[self.me])
+                    exchanged = True
+            elif bool((plan.source == s).any()):
+                log.order.append(name)
+                if kind is NodeKind.SSD:  # slow: runs in the background while the next sources are fetched
+                    disk.append(self._disk.submit(self._fetch_local, plan, s, out, log))
+                else:
+                    self._fetch_local(plan, s, out, log)
+        if not exchanged:
+            self._exchange(plan, matrix, out, log, [])  # serve the peers even when we need nothing from them
+        for fut in disk:
+            fut.result()
+        self.log.append(log)
         return out
+
+    def close(self) -> None:
+        """Stop the background disk reader (the store stays open)."""
+        self._disk.shutdown(wait=True)
+
+    def _start_log(self, routes: BatchRoutes) -> BatchLog:
+        mine = {s: b for (s, g), b in routes.bytes.items() if g == self.me}
+        routed = {s: routes.route_bytes(s, self.me) for s in mine}
+        return BatchLog(planned=mine, routed=routed, plan_order=list(routes.order[self.me]), predicted_s=routes.time_s)
+
+    def _fetch_local(self, plan: PlacedPlan, s: int, out: torch.Tensor, log: BatchLog) -> None:
+        """Rows of source ``s`` (own cache, DRAM or SSD) into ``out``."""
+        pos = torch.nonzero(plan.source == s).flatten()
+        if pos.numel() == 0:
+            return
+        ids, kind, name = plan.n_id[pos], self._kind(s), self.sources[s]
+        if kind is NodeKind.SSD:
+            rows = self.store.read_rows(ids)
+            self.stats.disk += ids.numel()
+        elif kind is NodeKind.DRAM:
+            rows = self.host[torch.searchsorted(self.host_ids, ids)]
+            self.stats.host += ids.numel()
+        else:
+            rows = self.own[torch.searchsorted(self.own_ids, ids)].cpu()
+            self.stats.own += ids.numel()
+        out[pos] = rows
+        if name != self.me:
+            log.pulled[name] = log.pulled.get(name, 0) + rows.numel() * rows.element_size()
+
+    def _exchange(
+        self, plan: PlacedPlan, matrix: np.ndarray, out: torch.Tensor, log: BatchLog, order: list[str]
+    ) -> None:
+        """One all-to-all: each peer sends exactly the rows each rank's counts asked of it.
+
+        Peers are logged in ``order`` (the plan's), since one exchange serves them all.
+        """
+        peer_src = [self.sources.index(g) for g in self.gpus]
+        send_n = [int(matrix[self.rank, peer_src[p]]) if p != self.rank else 0 for p in range(self.world)]
+        recv_n = [int(matrix[q, peer_src[self.rank]]) if q != self.rank else 0 for q in range(self.world)]
+        want = [torch.nonzero(plan.source == peer_src[p]).flatten() if send_n[p] else None for p in range(self.world)]
+        pos = torch.cat([w for w in want if w is not None] or [torch.zeros(0, dtype=torch.int64)])
+        asked = torch.empty(sum(recv_n), dtype=torch.int64)
+        dist = _dist()
+        dist.all_to_all_single(asked, plan.n_id[pos].contiguous(), recv_n, send_n, group=self.group)
+        answer = self.own[torch.searchsorted(self.own_ids, asked)].cpu().contiguous()
+        got = torch.empty(pos.numel(), self.dim, dtype=self.dtype)
+        dist.all_to_all_single(got, answer, send_n, recv_n, group=self.group)
+        out[pos] = got
+        self.stats.peer += pos.numel()
+        for p, part in enumerate(torch.split(got, send_n)):
+            if send_n[p]:
+                log.pulled[self.gpus[p]] = part.numel() * part.element_size()
+        log.order += [g for g in order if g in log.pulled and g in self.gpus]
 
     def assemble(self, plan: PlacedPlan, rows: torch.Tensor) -> torch.Tensor:
         """The batch on the compute device."""
         return rows.to(self.device)
 
     def gather(self, n_id: torch.Tensor) -> torch.Tensor:
-        """All stages at once (a collective: every rank must call it)."""
+        """All stages at once (collective: every rank must call it)."""
         plan = self.plan(n_id)
         return self.assemble(plan, self.read(plan))
 
-    def _exchange(self, ids: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
-        """Ask each owner for its rows; answer the others' requests for ours."""
-        reqs = _all_gather_var(torch.stack([ids, owners]).T.contiguous(), self.group, self.world)
-        answer = []
-        for q in range(self.world):
-            if q == self.rank:
-                continue
-            mine = reqs[q][reqs[q][:, 1] == self.rank, 0]
-            answer.append(self.own[torch.searchsorted(self.own_ids, mine)].cpu())
-        flat = torch.cat(answer) if answer else torch.zeros(0, self.dim, dtype=self.dtype)
-        answers = _all_gather_var(flat, self.group, self.world)
-        out = torch.empty(ids.numel(), self.dim, dtype=self.dtype)
-        for p in range(self.world):
-            if p == self.rank:
-                continue
-            # p answered every other rank in rank order: skip the answers of ranks before us
-            start = sum(int((reqs[q][:, 1] == p).sum()) for q in range(self.rank) if q != p)
-            count = int((owners == p).sum())
-            out[owners == p] = answers[p][start : start + count]
-        return out
 
-
-def _choose(holders: list[str], me: str, gpus: list[str]) -> tuple[int, int]:
-    if me in holders:
-        return OWN, -1
-    if any(h.startswith("dram") for h in holders):
-        return HOST, -1
-    if any(h.startswith("ssd") for h in holders):
-        return DISK, -1
-    peers = [gpus.index(h) for h in holders if h in gpus]
-    if not peers:
-        raise ConfigError(f"chunk held by {holders}, none of which this run can read", key="placement")
-    return PEER, peers[0]
-
-
-def _all_gather_var(t: torch.Tensor, group: Any, world: int) -> list[torch.Tensor]:
-    """All-gather tensors whose first dimension differs between ranks."""
+def _dist() -> Any:
     import torch.distributed as dist
 
-    n = torch.tensor([t.shape[0]], dtype=torch.int64)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n, group=group)
-    most = max(int(s) for s in sizes)
-    pad = torch.zeros((most, *t.shape[1:]), dtype=t.dtype)
-    pad[: t.shape[0]] = t
-    got = [torch.empty_like(pad) for _ in range(world)]
-    dist.all_gather(got, pad, group=group)
-    return [g[: int(s)] for g, s in zip(got, sizes, strict=True)]
+    return dist
+
+
+def _checked(topo: Topology, holders: list[str], me: str, gpus: list[str]) -> str:
+    src = source_of(topo, holders, me)
+    if topo.nodes[src].kind is NodeKind.GPU and src not in gpus:
+        raise ConfigError(f"chunk held by {holders}, none of which this run can read", key="placement")
+    return src

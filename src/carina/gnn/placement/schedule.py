@@ -27,7 +27,7 @@ from carina.gnn.placement.topology import Link, NodeKind, Topology
 
 __all__ = ["Demand", "Schedule", "maxflow_time", "schedule_lp"]
 
-_ENDPOINTS = {NodeKind.GPU, NodeKind.SSD, NodeKind.DRAM}
+_ENDPOINTS = {NodeKind.GPU, NodeKind.SSD, NodeKind.DRAM, NodeKind.NIC}
 _EPS = 1e-9
 
 

@@ -58,7 +58,7 @@ def shortest_path_transfers(topo: Topology, demands: list[Demand]) -> list[Trans
     """Naive routing: every demand on its fewest-hop path (no transit through endpoints)."""
     import networkx as nx
 
-    endpoints = {NodeKind.GPU, NodeKind.SSD, NodeKind.DRAM}
+    endpoints = {NodeKind.GPU, NodeKind.SSD, NodeKind.DRAM, NodeKind.NIC}
     out = []
     for d in demands:
         if d.src == d.gpu or d.gb <= 0:

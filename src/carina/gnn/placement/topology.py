@@ -3,7 +3,8 @@
 Nodes are CPUs (one per socket), their DRAM, PCIe switches, GPUs, NVSwitches
 and SSDs; links carry GB/s in one direction (a cable is two links). A
 topology comes from a JSON description, from ``nvidia-smi topo -m`` text, from
-``/sys`` (PCIe tree and NUMA nodes), or from the built-ins below. Machines with
+``lspci -tv`` (the PCIe tree, :mod:`carina.gnn.placement.lspci`), from ``/sys``
+(NVMe drives and NUMA nodes), or from the built-ins below. Machines with
 several GPUs cannot exist on a test host: topologies built from descriptions
 carry ``simulated = True`` unless read from the machine itself::
 
@@ -34,6 +35,7 @@ class NodeKind(enum.Enum):
     NVSWITCH = "nvswitch"
     GPU = "gpu"
     SSD = "ssd"
+    NIC = "nic"
 
 
 @dataclass(frozen=True)
