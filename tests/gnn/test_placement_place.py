@@ -4,26 +4,11 @@ import pytest
 from carina.core.errors import CapacityError, ConfigError
 from carina.gnn.placement.compare import compare_placements, default_capacities, synthetic_items
 from carina.gnn.placement.place import Items, evaluate, place_exact, place_greedy, replicate_hottest
-from carina.gnn.placement.topology import NodeKind, Topology, builtin
+from carina.gnn.placement.topology import builtin
+from carina.testing.gnn import small_machine
 
 #: Stated bound of the single-holder greedy against the exact MILP on small instances.
 GREEDY_BOUND = 1.5
-
-
-def small_machine() -> Topology:
-    """2 GPUs under 2 switches, one SSD each, one DRAM: small enough for the MILP."""
-    t = Topology(name="small")
-    t.add("cpu0", NodeKind.CPU)
-    t.add("dram0", NodeKind.DRAM, capacity_gb=2.0)
-    t.connect("dram0", "cpu0", 20.0)
-    for s in range(2):
-        t.add(f"sw{s}", NodeKind.SWITCH)
-        t.connect(f"sw{s}", "cpu0", 12.0)
-        t.add(f"gpu{s}", NodeKind.GPU, capacity_gb=1.0)
-        t.connect(f"gpu{s}", f"sw{s}", 24.0)
-        t.add(f"ssd{s}", NodeKind.SSD, capacity_gb=8.0)
-        t.connect(f"ssd{s}", f"sw{s}", 3.0, both=False)
-    return t
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -121,6 +121,24 @@ class FeatureStoreTests:
             store.get_tensor(group_name=None, attr_name="x", index=torch.tensor([expected.shape[0]]))
 
 
+def small_machine() -> Any:
+    """2 GPUs under 2 PCIe switches, one SSD each, one DRAM (simulated): small enough for the exact MILP."""
+    from carina.gnn.placement.topology import NodeKind, Topology
+
+    t = Topology(name="small-2gpu")
+    t.add("cpu0", NodeKind.CPU)
+    t.add("dram0", NodeKind.DRAM, capacity_gb=2.0)
+    t.connect("dram0", "cpu0", 20.0)
+    for s in range(2):
+        t.add(f"sw{s}", NodeKind.SWITCH)
+        t.connect(f"sw{s}", "cpu0", 12.0)
+        t.add(f"gpu{s}", NodeKind.GPU, capacity_gb=1.0)
+        t.connect(f"gpu{s}", f"sw{s}", 24.0)
+        t.add(f"ssd{s}", NodeKind.SSD, capacity_gb=8.0)
+        t.connect(f"ssd{s}", f"sw{s}", 3.0, both=False)
+    return t
+
+
 def two_gpu_machine() -> Any:
     """A small simulated machine: one socket, DRAM, two switches each with a GPU and an SSD."""
     return gpu_machine(2)
