@@ -82,7 +82,10 @@ def run_one(spec: RunSpec, timeout: float) -> dict[str, Any]:
         if not out.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             return {"spec": asdict(spec), "status": "failed", "reason": f"exit {proc.returncode}: {tail[0][:300]}"}
-        return dict(json.loads(out.read_text()))
+        result = dict(json.loads(out.read_text()))
+        if result.get("status") != "ok":  # keep the child's last words with the failed row
+            result["stderr_tail"] = (proc.stderr or "").strip().splitlines()[-40:]
+        return result
 
 
 def calibrate(timeout: float) -> dict[str, float]:

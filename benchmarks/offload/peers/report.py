@@ -54,6 +54,7 @@ def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -
             metrics = {
                 "status": result["status"],
                 "reason": result.get("reason", ""),
+                "stderr_tail": result.get("stderr_tail", []),
                 "losses": result.get("losses", []),
                 "step_s": result.get("step_s", []),
                 "peak_gpu_bytes": result.get("peak_gpu_bytes"),

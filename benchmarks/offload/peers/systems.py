@@ -7,7 +7,9 @@ budget, a crash) and the reason, never nothing.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -56,7 +58,8 @@ def run_carina(spec: RunSpec) -> RunResult:
     device = resolve_device(spec.device)
     model = build_model(spec, device="cpu")
     # carina plans within 90% of the cap (it keeps its own allocator headroom inside that).
-    budget = int(0.9 * spec.gpu_budget_gib * 2**30) if spec.gpu_budget_gib else None
+    fraction = float(os.environ.get("PEERS_CARINA_PLAN_FRACTION", "0.9"))  # a diagnostic knob of this harness
+    budget = int(fraction * spec.gpu_budget_gib * 2**30) if spec.gpu_budget_gib else None
     cfg = co.OffloadConfig(
         device=device,
         device_budget=budget,
@@ -67,8 +70,23 @@ def run_carina(spec: RunSpec) -> RunResult:
     )
     model, opt = co.wrap(model, cfg, optimizer=torch.optim.AdamW(model.parameters(), **OPTIM))
     cap_gpu(spec, device)
-    result = timed_loop(spec, _hf_step(model, opt, device), device)
-    result.settings = {"config": cfg.to_dict(), "plan_budget": "90% of the cap"}
+    handle = co.handle_of(model)
+    try:
+        result = timed_loop(spec, _hf_step(model, opt, device), device)
+    except torch.OutOfMemoryError:  # say which plan (or the profiling step) ran out, then fail as usual
+        plan = handle.plan
+        print(
+            "carina plan at failure:",
+            json.dumps(plan.summary(), default=str) if plan else "profiling step",
+            file=sys.stderr,
+        )
+        raise
+    result.settings = {
+        "config": cfg.to_dict(),
+        "plan_budget": f"{fraction:.0%} of the cap",
+        "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "plan": handle.plan.summary() if handle.plan is not None else None,
+    }
     return result
 
 
@@ -218,6 +236,23 @@ SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
 }
 
 
+def _oom_detail(message: str) -> str:
+    """The allocator's own words plus where the memory was, so a failed row says why."""
+    import torch
+
+    first = message.splitlines()[0][:600]
+    if not torch.cuda.is_available():
+        return first
+    stats = torch.cuda.memory_stats()
+    gib = 2**30
+    return (
+        f"{first} [at failure: allocated {stats.get('allocated_bytes.all.current', 0) / gib:.2f} GiB, "
+        f"reserved {stats.get('reserved_bytes.all.current', 0) / gib:.2f} GiB, "
+        f"peak allocated {stats.get('allocated_bytes.all.peak', 0) / gib:.2f} GiB, "
+        f"segments {stats.get('segment.all.current', 0)}]"
+    )
+
+
 def run(spec: RunSpec) -> RunResult:
     """Run ``spec``; turn a missing package or a crash into a result that says why."""
     import torch
@@ -227,7 +262,8 @@ def run(spec: RunSpec) -> RunResult:
     except ImportError as exc:
         result = RunResult(spec=spec, status="unavailable", reason=f"not installed: {exc.name or exc}")
     except torch.OutOfMemoryError as exc:
-        result = RunResult(spec=spec, status="failed", reason="out of memory: " + str(exc).splitlines()[0][:200])
+        traceback.print_exc()
+        result = RunResult(spec=spec, status="failed", reason="out of memory: " + _oom_detail(str(exc)))
     except Exception as exc:
         last = traceback.format_exc().strip().splitlines()[-1]
         result = RunResult(spec=spec, status="failed", reason=f"{type(exc).__name__}: {last[:300]}")
