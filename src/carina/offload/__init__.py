@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from carina.offload.api import OffloadHandle, handle_of, wrap
-    from carina.offload.config import ActivationPolicy, ComputeDtype, OffloadConfig, OverlapMode
+    from carina.offload.config import (
+        ActivationPolicy,
+        AllocatorMode,
+        ComputeDtype,
+        CpuOptimizerImpl,
+        OffloadConfig,
+        OverlapMode,
+    )
     from carina.offload.planner import Plan, PlanBudgets, make_plan
     from carina.offload.session import OffloadOptimizer
 
@@ -27,8 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ActivationPolicy",
+    "AllocatorMode",
     "ComputeDtype",
     "Config",
+    "CpuOptimizerImpl",
     "OffloadConfig",
     "OffloadHandle",
     "OffloadOptimizer",
@@ -48,6 +57,8 @@ _LAZY = {
     "Config": ("carina.offload.config", "OffloadConfig"),
     "ActivationPolicy": ("carina.offload.config", "ActivationPolicy"),
     "ComputeDtype": ("carina.offload.config", "ComputeDtype"),
+    "AllocatorMode": ("carina.offload.config", "AllocatorMode"),
+    "CpuOptimizerImpl": ("carina.offload.config", "CpuOptimizerImpl"),
     "OverlapMode": ("carina.offload.config", "OverlapMode"),
     "Plan": ("carina.offload.planner", "Plan"),
     "PlanBudgets": ("carina.offload.planner", "PlanBudgets"),

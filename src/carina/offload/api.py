@@ -9,6 +9,8 @@ them, and the returned optimizer's ``state_dict()`` round-trips too.
 
 from __future__ import annotations
 
+import logging
+import os
 import weakref
 from typing import Any
 
@@ -18,11 +20,13 @@ from torch import nn
 from carina.core.errors import ConfigError
 from carina.memory.store import StoreStats, TensorStore, TierBudgets
 from carina.offload.blocks import find_blocks
-from carina.offload.config import ComputeDtype, OffloadConfig
+from carina.offload.config import AllocatorMode, ComputeDtype, OffloadConfig
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.runtime import OffloadRuntime
 from carina.offload.session import OffloadOptimizer
 from carina.offload.simulator import BlockProfile, Hardware, ModelProfile
+
+log = logging.getLogger("carina.offload")
 
 __all__ = ["OffloadHandle", "handle_of", "static_profile", "wrap"]
 
@@ -124,6 +128,8 @@ def wrap(
     device = torch.device(cfg.resolved_device())
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda":
+        _set_up_allocator(cfg)
     budgets = _budgets(cfg, device)
     static = make_plan(
         static_profile(model, cfg, state_bytes_per_param(optimizer)),
@@ -147,6 +153,17 @@ def wrap(
     _HANDLES[model] = OffloadHandle(runtime, opt)
     _install_state_hooks(model, runtime)
     return model, opt
+
+
+def _set_up_allocator(cfg: OffloadConfig) -> None:
+    """Expandable segments for the CUDA caching allocator when ``cfg.allocator`` asks for them."""
+    if cfg.allocator is AllocatorMode.AS_IS:
+        return
+    if cfg.allocator is AllocatorMode.AUTO and os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        log.info("allocator: PYTORCH_CUDA_ALLOC_CONF is set, carina leaves the allocator as it is")
+        return
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    log.info("allocator: expandable segments (carina's default with a CUDA device; allocator='as_is' keeps yours)")
 
 
 def _install_state_hooks(model: nn.Module, rt: OffloadRuntime) -> None:

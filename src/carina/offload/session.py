@@ -20,7 +20,7 @@ import torch
 from carina.core.errors import ConfigError
 from carina.memory.tiers import Tier
 from carina.offload.blocks import ParamGroup
-from carina.offload.config import OffloadConfig
+from carina.offload.config import CpuOptimizerImpl, OffloadConfig
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
 from carina.offload.runtime import OffloadRuntime
@@ -29,6 +29,19 @@ from carina.offload.simulator import BlockPlan, Hardware, ModelProfile, simulate
 __all__ = ["OffloadOptimizer"]
 
 log = logging.getLogger("carina.offload")
+
+
+def _inner_kwargs(user: torch.optim.Optimizer, cfg: OffloadConfig, device: torch.device) -> dict[str, Any]:
+    """The user's optimizer settings for the CPU masters, with the fused CPU kernel where ``cfg`` asks for it."""
+    kwargs = optimizer_kwargs(user)
+    if "fused" not in kwargs or cfg.cpu_optimizer is CpuOptimizerImpl.AS_GIVEN:
+        if cfg.cpu_optimizer is CpuOptimizerImpl.FUSED:
+            raise ConfigError(f"{type(user).__name__} has no fused implementation", key="cpu_optimizer")
+        return kwargs
+    chosen = kwargs.get("fused") is not None or kwargs.get("foreach") is not None
+    if cfg.cpu_optimizer is CpuOptimizerImpl.FUSED or (device.type == "cuda" and not chosen):
+        kwargs.update(fused=True, foreach=None)
+    return kwargs
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
@@ -62,7 +75,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if missing:
                 raise ConfigError("the optimizer holds parameters that are not the model's", key="optimizer")
             groups.append({**group, "params": [master_of[id(p)] for p in group["params"]]})
-        self.inner = type(user)(groups, **optimizer_kwargs(user))
+        self.inner = type(user)(groups, **_inner_kwargs(user, self.cfg, runtime.device))
         super().__init__([dict(g) for g in self.inner.param_groups], self.inner.defaults)
         self._share()
         self.masters = [master_of[id(p)] for p in runtime.model.parameters() if id(p) in master_of]
