@@ -35,7 +35,7 @@ import torch
 from carina.core.bench import Basis, Figure, make_record, write_record
 from carina.gnn.cache import CacheConfig, HotnessSource
 from carina.gnn.calibrate import calibrate_machine, profile_workload
-from carina.gnn.costmodel import best_gap_pages, predict
+from carina.gnn.costmodel import MachineSpec, best_gap_pages, predict
 from carina.gnn.dataset import PAGE, Dataset, PrepareConfig, prepare
 from carina.gnn.runner import RunConfig, build_cache, train_once
 from carina.gnn.store import OutOfCoreFeatures, StoreConfig
@@ -163,6 +163,8 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="dataset shape (overrides dim, degree)")
     ap.add_argument("--gamma", type=float, default=2.1, help="Chung-Lu power-law exponent")
     ap.add_argument("--classes", type=int, default=16)
+    ap.add_argument("--machine", type=Path, default=None, help="MachineSpec JSON instead of calibrating here")
+    ap.add_argument("--skip", default="", help="comma list of mmap, ablations to leave out (time budget)")
     args = ap.parse_args()
     for k, v in PRESETS.get(args.preset or "", {}).items():
         setattr(args, k, v)
@@ -190,7 +192,12 @@ def main() -> None:
         deterministic=args.deterministic,
     )
     cfg = RunConfig(train=tc, device=args.device)
-    machine = calibrate_machine(args.data, size_mb=128, device=args.device)
+    skip = set(filter(None, args.skip.split(",")))
+    machine = (
+        MachineSpec.load(args.machine)
+        if args.machine
+        else calibrate_machine(args.data, size_mb=128, device=args.device)
+    )
     work = profile_workload(ds, cfg)
     gap = best_gap_pages(machine) if args.gap == "auto" else int(args.gap)
     store_cfg = StoreConfig(gap_pages=gap, max_run_pages=256)
@@ -213,14 +220,16 @@ def main() -> None:
                 machine, work, gpu_cache_rows=int(b / 3 * n), host_cache_rows=int(2 * b / 3 * n), gap_pages=gap
             )
             run["predicted"] = {"seeds_per_s": pred.seeds_per_s, "bottleneck": pred.bottleneck, "stages": pred.stages}
-        ablations = {
-            "no-hole-coalescing": run_carina(ds, cfg, eng, mid / 3, 2 * mid / 3, args.warmup, StoreConfig(gap_pages=0)),
-        }
-        serial = RunConfig.from_dict(cfg.to_dict())
-        serial.train.pipeline_depth = 1
-        ablations["no-pipelining"] = run_carina(ds, serial, eng, mid / 3, 2 * mid / 3, args.warmup, store_cfg)
-        drop_cache(ds.features_path)
-        results["mmap"] = measure(ds, cfg, MmapFeatures(ds, args.device), args.warmup)
+        ablations = {}
+        if "ablations" not in skip:
+            no_holes = StoreConfig(gap_pages=0)
+            ablations["no-hole-coalescing"] = run_carina(ds, cfg, eng, mid / 3, 2 * mid / 3, args.warmup, no_holes)
+            serial = RunConfig.from_dict(cfg.to_dict())
+            serial.train.pipeline_depth = 1
+            ablations["no-pipelining"] = run_carina(ds, serial, eng, mid / 3, 2 * mid / 3, args.warmup, store_cfg)
+        if "mmap" not in skip:
+            drop_cache(ds.features_path)
+            results["mmap"] = measure(ds, cfg, MmapFeatures(ds, args.device), args.warmup)
         sync_cfg = RunConfig.from_dict(cfg.to_dict())
         sync_cfg.train.pipeline_depth = 1
         store = carina_runs[mid]["store"]
@@ -289,7 +298,7 @@ def main() -> None:
     rec = make_record(
         name=args.name,
         figures=figures,
-        config=vars(args) | {"data": str(args.data)},
+        config=vars(args) | {"data": str(args.data), "machine": str(args.machine)},
         metrics=metrics,
         notes="mmap: page cache dropped (POSIX_FADV_DONTNEED) before its run, then it warms (the file fits in RAM); "
         "budgets split 1/3 device, 2/3 host; peers and ablations at the middle budget; "
