@@ -68,7 +68,7 @@ def test_bad_json_text():
         from_json({"nodes": [], "links": [], "extra": 1})
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=5),

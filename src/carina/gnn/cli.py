@@ -83,6 +83,7 @@ def train(
     depth: Annotated[int, typer.Option(help="Batches in flight (1 = serial).")] = 3,
     max_batches: Annotated[int, typer.Option(help="Stop after this many batches (0 = epoch).")] = 0,
     compare: Annotated[str, typer.Option(help="in-memory or none: baseline in the same run.")] = "in-memory",
+    deterministic: Annotated[bool, typer.Option(help="Deterministic torch algorithms (bitwise on CUDA).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Train GraphSAGE/GCN with features on disk; compare with all features in memory."""
@@ -99,6 +100,7 @@ def train(
         hidden=hidden,
         pipeline_depth=depth,
         max_batches=max_batches,
+        deterministic=deterministic,
     )
     source, baseline = choice(HotnessSource, hotness, key="hotness"), choice(Compare, compare, key="compare")
     ds = Dataset.open(dataset)

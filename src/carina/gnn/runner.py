@@ -26,7 +26,7 @@ from carina.gnn.dataset import Dataset
 from carina.gnn.pipeline import FeatureSource
 from carina.gnn.sampler import NeighborSampler
 from carina.gnn.store import OutOfCoreFeatures, StoreConfig
-from carina.gnn.train import GNN, EpochResult, InMemoryFeatures, TrainConfig, train_epoch
+from carina.gnn.train import GNN, EpochResult, InMemoryFeatures, TrainConfig, deterministic_algorithms, train_epoch
 from carina.io import IOConfig, IOEngine
 
 __all__ = ["Compare", "RunConfig", "RunReport", "presample", "run_training"]
@@ -102,12 +102,13 @@ def train_once(
 ) -> EpochResult:
     """Build the model from ``cfg.train.seed`` and train one epoch from ``source``."""
     tc = cfg.train
-    torch.manual_seed(tc.seed)
-    m = dataset.manifest
-    model = GNN(tc.model, m.feature_dim, tc.hidden, m.num_classes, len(tc.fanouts)).to(cfg.device)
-    opt = torch.optim.Adam(model.parameters(), lr=tc.lr)
-    sampler = NeighborSampler(dataset.graph, fanouts=tc.fanouts, device=cfg.device, seed=tc.seed)
-    return train_epoch(model, opt, sampler, source, dataset.labels, dataset.train_idx, tc, on_batch=on_batch)
+    with deterministic_algorithms(tc.deterministic):  # before the model: PyG reads the flag at build time
+        torch.manual_seed(tc.seed)
+        m = dataset.manifest
+        model = GNN(tc.model, m.feature_dim, tc.hidden, m.num_classes, len(tc.fanouts)).to(cfg.device)
+        opt = torch.optim.Adam(model.parameters(), lr=tc.lr)
+        sampler = NeighborSampler(dataset.graph, fanouts=tc.fanouts, device=cfg.device, seed=tc.seed)
+        return train_epoch(model, opt, sampler, source, dataset.labels, dataset.train_idx, tc, on_batch=on_batch)
 
 
 def summarize(result: EpochResult) -> dict[str, Any]:

@@ -11,10 +11,12 @@ must agree bit for bit (tested)::
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,15 @@ from carina.core.config import Config, require
 from carina.gnn.pipeline import FeaturePipeline, FeatureSource
 from carina.gnn.sampler import NeighborSampler, SampledBatch
 
-__all__ = ["EpochResult", "GNN", "InMemoryFeatures", "ModelKind", "TrainConfig", "train_epoch"]
+__all__ = [
+    "EpochResult",
+    "GNN",
+    "InMemoryFeatures",
+    "ModelKind",
+    "TrainConfig",
+    "deterministic_algorithms",
+    "train_epoch",
+]
 
 
 class ModelKind(enum.Enum):
@@ -47,6 +57,10 @@ class TrainConfig(Config):
         max_batches: Stop the epoch after this many batches (0: all).
         pipeline_depth: Batches alive at once (1: serial).
         seed: Seed of the sampler and model init.
+        deterministic: Train under ``torch.use_deterministic_algorithms(True)`` (see
+            :func:`deterministic_algorithms`): on CUDA, PyG's scatter-add aggregation and the
+            backward of ``index_select`` then run sort-based instead of with atomics, so two runs
+            on the same batches give bit-identical losses; an op with no deterministic kernel raises.
     """
 
     model: ModelKind = ModelKind.SAGE
@@ -57,6 +71,7 @@ class TrainConfig(Config):
     max_batches: int = 0
     pipeline_depth: int = 3
     seed: int = 0
+    deterministic: bool = False
 
     def validate(self) -> None:
         """Check ranges."""
@@ -86,6 +101,27 @@ class GNN(torch.nn.Module):
             if i < len(self.convs) - 1:
                 x = torch.relu(x)
         return x
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool = True) -> Iterator[None]:
+    """Run the body with torch's deterministic algorithms on (no-op when ``enabled`` is false).
+
+    The global flag (it covers the pipeline's threads too) and its ``warn_only`` state are
+    restored on exit. ``CUBLAS_WORKSPACE_CONFIG`` is set to ``:4096:8`` when unset, as cuBLAS
+    requires for deterministic results; it takes effect only if no cuBLAS handle exists yet, so
+    scripts should export it before starting Python.
+    """
+    if not enabled:
+        yield
+        return
+    was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn)
 
 
 class InMemoryFeatures:
@@ -186,7 +222,13 @@ def train_step(
     edge_index = batch.edge_index.to(x.device)
     logits = model(x.to(torch.float32), edge_index)[: batch.batch_size]
     target = labels[batch.n_id[: batch.batch_size].to(labels.device)]
-    loss = torch.nn.functional.cross_entropy(logits, target)
+    if torch.are_deterministic_algorithms_enabled():
+        # nll_loss has no deterministic CUDA kernel (it raises in this mode); the same loss from
+        # log_softmax and gather, whose backward is deterministic in this mode
+        logp = torch.log_softmax(logits, dim=1)
+        loss = -logp.gather(1, target.view(-1, 1)).mean()
+    else:
+        loss = torch.nn.functional.cross_entropy(logits, target)
     loss.backward()
     optimizer.step()
     return float(loss.detach())

@@ -144,10 +144,12 @@ def two_gpu_machine() -> Any:
     return gpu_machine(2)
 
 
-def gpu_machine(n: int) -> Any:
+def gpu_machine(n: int, *, chain: bool = False) -> Any:
     """A small simulated machine: one socket, DRAM, ``n`` switches each with a GPU and an SSD.
 
-    The GPUs are joined pairwise by 50 GB/s peer links so that peers' caches are worth using.
+    The GPUs are joined pairwise by 50 GB/s peer links so that peers' caches are worth using;
+    with ``chain`` only neighbours are (``gpu0-gpu1-gpu2``...), so traffic between distant GPUs
+    is relayed by the ones between them or crosses the 12 GB/s switch uplinks.
     """
     from carina.gnn.placement.topology import NodeKind, Topology
 
@@ -163,13 +165,17 @@ def gpu_machine(n: int) -> Any:
         t.add(f"ssd{s}", NodeKind.SSD)
         t.connect(f"ssd{s}", f"sw{s}", 3.0, both=False)
     for a in range(n):
-        for b in range(a + 1, n):
-            t.connect(f"gpu{a}", f"gpu{b}", 50.0)
+        for b in range(a + 1, a + 2 if chain else n):
+            if b < n:
+                t.connect(f"gpu{a}", f"gpu{b}", 50.0)
     return t
 
 
-def placed_training_worker(rank: int, world: int, root: str, init_file: str, out_dir: str) -> None:
+def placed_training_worker(rank: int, world: int, root: str, init_file: str, out_dir: str, chain: bool = False) -> None:
     """One process of a simulated multi-GPU run (gloo, CPU): in-memory vs placed features.
+
+    With ``chain`` the machine's GPUs form a chain (:func:`gpu_machine`) and the routes may
+    relay peer rows through the GPUs in between.
 
     Each rank trains a DDP replica on its shard twice from the same seed: once with all
     features in memory, once with features served by :class:`PlacedFeatures` following a
@@ -195,7 +201,7 @@ def placed_training_worker(rank: int, world: int, root: str, init_file: str, out
     ds = Dataset.open(root)
     m = ds.manifest
     chunk = 128
-    topo = gpu_machine(world)
+    topo = gpu_machine(world, chain=chain)
     gpus = [f"gpu{r}" for r in range(world)]
     placement = _worker_placement(ds, topo, gpus, chunk)
     cfg = TrainConfig(hidden=16, fanouts=[5, 5], batch_size=32, max_batches=3, pipeline_depth=2)
@@ -204,7 +210,9 @@ def placed_training_worker(rank: int, world: int, root: str, init_file: str, out
     with IOEngine(IOConfig(workers=2)) as eng:
         store = OutOfCoreFeatures(ds, engine=eng)
         group = dist.new_group(backend="gloo")
-        placed = PlacedFeatures(ds, placement, chunk_rows=chunk, gpus=gpus, store=store, topology=topo, group=group)
+        placed = PlacedFeatures(
+            ds, placement, chunk_rows=chunk, gpus=gpus, store=store, topology=topo, group=group, relay=chain
+        )
         for name, src in (("in-memory", InMemoryFeatures(ds.read_all_features())), ("placed", placed)):
             torch.manual_seed(0)
             model = DistributedDataParallel(GNN(ModelKind.SAGE, m.feature_dim, 16, m.num_classes, 2))

@@ -63,8 +63,12 @@ def _pair_time(schedule: Schedule, pair: tuple[str, str]) -> float:
     return max(times, default=0.0)
 
 
-def plan_batch(topo: Topology, sources: list[str], gpus: list[str], counts: np.ndarray, row_bytes: int) -> BatchRoutes:
+def plan_batch(
+    topo: Topology, sources: list[str], gpus: list[str], counts: np.ndarray, row_bytes: int, *, relay: bool = False
+) -> BatchRoutes:
     """Schedule one batch whose ``counts[r, s]`` rows rank ``r`` (GPU ``gpus[r]``) needs from ``sources[s]``.
+
+    ``relay`` lets peer traffic pass through other GPUs (see :func:`schedule_lp`).
 
     Raises:
         ConfigError: ``counts`` is not ``[len(gpus), len(sources)]`` or names an unknown node.
@@ -80,7 +84,7 @@ def plan_batch(topo: Topology, sources: list[str], gpus: list[str], counts: np.n
             if n > 0 and src != gpu:
                 exact[(src, gpu)] = n * row_bytes
                 demands.append(Demand(src, gpu, n * row_bytes / UNIT_BYTES))
-    schedule = schedule_lp(topo, demands)
+    schedule = schedule_lp(topo, demands, relay_gpus=relay)
     order: dict[str, list[str]] = {}
     for gpu in gpus:
         slow = {s: _pair_time(schedule, (s, g)) for s, g in exact if g == gpu}

@@ -12,9 +12,10 @@ placement's cost model used. Per batch, :meth:`PlacedFeatures.read`:
 3. starts its fetches source by source in the plan's order (slowest route first):
    SSD rows through the out-of-core store (``carina.io``) on a background reader
    thread, one SSD after the other, while the next sources are served; DRAM rows
-   from host memory, peer rows through one ``all_to_all_single`` whose per-peer split sizes
-   are the gathered counts (each rank receives only the rows it asked for), and
-   its own cache's rows last.
+   from host memory, peer rows along the LP's paths (:mod:`~carina.gnn.placement.exchange`:
+   the ids asked of each peer by one ``all_to_all_single``, the rows by staged point-to-point
+   rounds, each pair's rows cut over its paths in proportion and relayed by the GPUs a path
+   passes through when ``relay`` is on), and its own cache's rows last.
 
 Bytes pulled per source are counted (:attr:`PlacedFeatures.log`) so a test can hold
 them to the plan. All collectives run inside :meth:`read` on a process group of
@@ -36,8 +37,9 @@ import torch
 
 from carina.core.errors import ConfigError
 from carina.gnn.dataset import Dataset
+from carina.gnn.placement.exchange import Leg, digest, link_key, plan_link_bytes, run_legs, split_legs
 from carina.gnn.placement.place import Placement, source_of, stores_of
-from carina.gnn.placement.routes import BatchRoutes, plan_batch
+from carina.gnn.placement.routes import UNIT_BYTES, BatchRoutes, plan_batch
 from carina.gnn.placement.topology import NodeKind, Topology
 
 __all__ = ["BatchLog", "PlacedFeatures", "PlacedPlan"]
@@ -53,7 +55,13 @@ class PlacedPlan:
 
 @dataclass
 class BatchLog:
-    """What one batch did: the plan's bytes per source, the bytes pulled, the fetch order."""
+    """What one batch did: the plan's bytes per source, the bytes pulled, the fetch order.
+
+    ``sent_links`` holds the peer bytes this rank sent on each physical link (summed over
+    ranks it is the batch's executed peer traffic per link); ``planned_links`` the plan's
+    peer bytes per link in whole rows (same on every rank) and ``lp_links`` the LP's flows
+    in bytes; ``relayed`` the bytes this rank forwarded for other ranks.
+    """
 
     planned: dict[str, int] = field(default_factory=dict)
     routed: dict[str, float] = field(default_factory=dict)
@@ -61,6 +69,10 @@ class BatchLog:
     plan_order: list[str] = field(default_factory=list)
     order: list[str] = field(default_factory=list)
     predicted_s: float = 0.0
+    sent_links: dict[str, int] = field(default_factory=dict)
+    planned_links: dict[str, int] = field(default_factory=dict)
+    lp_links: dict[str, float] = field(default_factory=dict)
+    relayed: int = 0
 
 
 @dataclass
@@ -87,6 +99,7 @@ class PlacedFeatures:
         topology: Topology,
         group: Any = None,
         device: str | torch.device = "cpu",
+        relay: bool = False,
     ) -> None:
         import torch.distributed as dist
 
@@ -94,7 +107,7 @@ class PlacedFeatures:
         if len(gpus) != self.world:
             raise ConfigError(f"{len(gpus)} GPUs named for {self.world} processes", key="gpus")
         self.group, self.store, self.device, self.topo = group, store, torch.device(device), topology
-        self.gpus, self.me = gpus, gpus[self.rank]
+        self.gpus, self.me, self.relay = gpus, gpus[self.rank], relay
         self.sources = stores_of(topology)
         m = dataset.manifest
         self.dim, self.dtype, self.chunk_rows = m.feature_dim, m.torch_dtype, chunk_rows
@@ -129,7 +142,7 @@ class PlacedFeatures:
         gathered = [torch.zeros_like(counts) for _ in range(self.world)]
         _dist().all_gather(gathered, counts, group=self.group)
         matrix = torch.stack(gathered).numpy()
-        routes = plan_batch(self.topo, self.sources, self.gpus, matrix, self.row_bytes)
+        routes = plan_batch(self.topo, self.sources, self.gpus, matrix, self.row_bytes, relay=self.relay)
         log = self._start_log(routes)
         out = torch.empty(plan.n_id.numel(), self.dim, dtype=self.dtype)
         exchanged, disk = False, []
@@ -137,7 +150,7 @@ class PlacedFeatures:
             kind, s = self.topo.nodes[name].kind, self.sources.index(name)
             if kind is NodeKind.GPU and name != self.me:
                 if not exchanged:
-                    self._exchange(plan, matrix, out, log, routes.order[self.me])
+                    self._exchange(plan, matrix, out, log, routes)
                     exchanged = True
             elif bool((plan.source == s).any()):
                 log.order.append(name)
@@ -146,7 +159,7 @@ class PlacedFeatures:
                 else:
                     self._fetch_local(plan, s, out, log)
         if not exchanged:
-            self._exchange(plan, matrix, out, log, [])  # serve the peers even when we need nothing from them
+            self._exchange(plan, matrix, out, log, routes)  # serve and relay even when we need nothing
         for fut in disk:
             fut.result()
         self.log.append(log)
@@ -181,29 +194,50 @@ class PlacedFeatures:
             log.pulled[name] = log.pulled.get(name, 0) + rows.numel() * rows.element_size()
 
     def _exchange(
-        self, plan: PlacedPlan, matrix: np.ndarray, out: torch.Tensor, log: BatchLog, order: list[str]
+        self, plan: PlacedPlan, matrix: np.ndarray, out: torch.Tensor, log: BatchLog, routes: BatchRoutes
     ) -> None:
-        """One all-to-all: each peer sends exactly the rows each rank's counts asked of it.
+        """Peer rows along the plan's paths: ids by one all-to-all, rows by staged point-to-point rounds.
 
-        Peers are logged in ``order`` (the plan's), since one exchange serves them all.
+        Each peer pair's rows are cut over the LP's paths for that pair (whole rows, in
+        proportion); a path through another GPU is relayed by that rank. Peers are logged in
+        the plan's order, since one exchange serves them all.
         """
         peer_src = [self.sources.index(g) for g in self.gpus]
         send_n = [int(matrix[self.rank, peer_src[p]]) if p != self.rank else 0 for p in range(self.world)]
         recv_n = [int(matrix[q, peer_src[self.rank]]) if q != self.rank else 0 for q in range(self.world)]
-        want = [torch.nonzero(plan.source == peer_src[p]).flatten() if send_n[p] else None for p in range(self.world)]
-        pos = torch.cat([w for w in want if w is not None] or [torch.zeros(0, dtype=torch.int64)])
+        want = [torch.nonzero(plan.source == peer_src[p]).flatten() for p in range(self.world)]
+        pos = torch.cat([want[p] for p in range(self.world) if send_n[p]] or [torch.zeros(0, dtype=torch.int64)])
         asked = torch.empty(sum(recv_n), dtype=torch.int64)
         dist = _dist()
         dist.all_to_all_single(asked, plan.n_id[pos].contiguous(), recv_n, send_n, group=self.group)
-        answer = self.own[torch.searchsorted(self.own_ids, asked)].cpu().contiguous()
-        got = torch.empty(pos.numel(), self.dim, dtype=self.dtype)
-        dist.all_to_all_single(got, answer, send_n, recv_n, group=self.group)
-        out[pos] = got
+        asked_by = dict(enumerate(torch.split(asked, recv_n)))
+        legs = split_legs(routes, self.topo, self.gpus, matrix, self.sources)
+        self._check_same_plan(legs)
+        log.planned_links = plan_link_bytes(legs, self.row_bytes)
+        for (src, _), flow in routes.schedule.flows.items():
+            for e, amount in flow.items() if src in self.gpus else ():
+                log.lp_links[link_key(e)] = log.lp_links.get(link_key(e), 0.0) + amount * UNIT_BYTES
+
+        def serve(dst: int, offset: int, rows: int) -> torch.Tensor:
+            ids = asked_by[dst][offset : offset + rows]
+            return self.own[torch.searchsorted(self.own_ids, ids)].cpu()
+
+        got = run_legs(legs, self.rank, serve, (self.dim, self.dtype), log.sent_links, self.group)
+        log.relayed = sum(x.rows * self.row_bytes for x in legs for r in x.ranks[1:-1] if r == self.rank)
+        for p, parts in got.items():
+            for offset, rows in parts:
+                out[want[p][offset : offset + rows.shape[0]]] = rows
+                log.pulled[self.gpus[p]] = log.pulled.get(self.gpus[p], 0) + rows.numel() * rows.element_size()
         self.stats.peer += pos.numel()
-        for p, part in enumerate(torch.split(got, send_n)):
-            if send_n[p]:
-                log.pulled[self.gpus[p]] = part.numel() * part.element_size()
-        log.order += [g for g in order if g in log.pulled and g in self.gpus]
+        log.order += [g for g in routes.order[self.me] if g in log.pulled and g in self.gpus]
+
+    def _check_same_plan(self, legs: list[Leg]) -> None:
+        """Every rank solved the LP itself; a different cut would deadlock the rounds, so compare first."""
+        mine = torch.tensor([digest(legs)], dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        _dist().all_gather(every, mine, group=self.group)
+        if any(int(x) != int(mine) for x in every):
+            raise ConfigError("ranks solved different transfer plans for one batch", key="routes", rank=self.rank)
 
     def assemble(self, plan: PlacedPlan, rows: torch.Tensor) -> torch.Tensor:
         """The batch on the compute device."""

@@ -8,7 +8,9 @@ multi-commodity flow LP (HiGHS through ``scipy.optimize.linprog``)::
                       for each link e:  sum_k f_k,e <= gbps_e * t
 
 Endpoints do not forward: a link leaving a GPU, SSD or DRAM carries only that
-node's own data, a link entering one only data for it. :func:`maxflow_time`
+node's own data, a link entering one only data for it; with ``relay_gpus=True`` a GPU
+may forward another GPU's data (peer-to-peer traffic relayed over NVLink hops, which
+the multi-process runtime executes as staged send/receive rounds). :func:`maxflow_time`
 solves the single-commodity relaxation (any source may serve any GPU, Moment's
 formulation) by binary search over ``t`` with ``networkx.maximum_flow``; it is
 a lower bound of the LP and equal to it when only one GPU has demand.
@@ -67,10 +69,13 @@ class Schedule:
         return {k: _decompose(k[0], k[1], dict(f)) for k, f in self.flows.items()}
 
 
-def _allowed(link: Link, src: str, gpu: str, kinds: dict[str, NodeKind]) -> bool:
-    if kinds[link.src] in _ENDPOINTS and link.src != src:
+def _allowed(link: Link, src: str, gpu: str, kinds: dict[str, NodeKind], relay: bool = False) -> bool:
+    def forwards(node: str) -> bool:
+        return relay and kinds[src] is NodeKind.GPU and kinds[node] is NodeKind.GPU
+
+    if kinds[link.src] in _ENDPOINTS and link.src != src and not forwards(link.src):
         return False
-    if kinds[link.dst] in _ENDPOINTS and link.dst != gpu:
+    if kinds[link.dst] in _ENDPOINTS and link.dst != gpu and not forwards(link.dst):
         return False
     return link.dst != src and link.src != gpu
 
@@ -90,8 +95,10 @@ def _merge(demands: list[Demand], topo: Topology) -> dict[tuple[str, str], float
     return dict(pairs)
 
 
-def schedule_lp(topo: Topology, demands: list[Demand]) -> Schedule:
+def schedule_lp(topo: Topology, demands: list[Demand], *, relay_gpus: bool = False) -> Schedule:
     """Minimum-time multi-commodity transfer plan.
+
+    ``relay_gpus`` lets GPUs forward peer GPUs' data (not SSD or DRAM data).
 
     Raises:
         CapacityError: Some source cannot reach its GPU.
@@ -109,7 +116,7 @@ def schedule_lp(topo: Topology, demands: list[Demand]) -> Schedule:
     var: list[tuple[int, int]] = []  # (pair index, link index)
     keys = list(pairs)
     for k, (src, gpu) in enumerate(keys):
-        var += [(k, e) for e, link in enumerate(topo.links) if _allowed(link, src, gpu, kinds)]
+        var += [(k, e) for e, link in enumerate(topo.links) if _allowed(link, src, gpu, kinds, relay_gpus)]
     nv = len(var) + 1  # last variable is t
     eq_r, eq_c, eq_v = [], [], []
     for j, (k, e) in enumerate(var):
