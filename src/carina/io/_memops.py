@@ -59,10 +59,15 @@ class MemOps:
             raise IOEngineError(f"{what} failed: {label}", errno=rc)
 
     def device_pointer(self, host_address: int) -> int:
-        """The device address of pinned host memory (equal to the host address under UVA)."""
+        """The device address of pinned host memory.
+
+        Under unified addressing (every 64-bit Linux system CUDA supports) it is
+        the host address itself; that is also the answer when the driver
+        declines to map memory it did not allocate with ``DEVICEMAP``.
+        """
         out = ctypes.c_uint64()
-        self._check(self._devptr(ctypes.byref(out), ctypes.c_void_p(host_address), 0), "cuMemHostGetDevicePointer")
-        return out.value
+        rc = self._devptr(ctypes.byref(out), ctypes.c_void_p(host_address), 0)
+        return int(out.value) if rc == 0 else host_address
 
     def wait_geq(self, stream: int, device_address: int, value: int) -> None:
         """Make ``stream`` wait until the word at ``device_address`` is >= ``value``."""

@@ -121,6 +121,7 @@ class Ring:
         self._index_array = np.frombuffer(self._sq_ring, dtype="<u4", count=params.sq_entries, offset=self._sq_array)
         self._cqe_array = np.frombuffer(self._cq_ring, dtype=CQE_DTYPE, count=params.cq_entries, offset=self._cqes)
         self._index_array[:] = np.arange(params.sq_entries, dtype="<u4")  # slot i holds entry i, set once
+        self._cq_user, self._cq_res = self._cqe_array["user_data"], self._cqe_array["res"]
         self._fields = {name: self._sqe_array[name] for name in ("opcode", "fd", "off", "addr", "len", "user_data")}
 
     def prepare(
@@ -160,17 +161,21 @@ class Ring:
         self._unsubmitted += k
 
     def completion_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Take every ready completion as arrays ``(user_data, result)`` (copies: slots are reused)."""
+        """Take every ready completion as arrays ``(user_data, result)`` (copies: slots are reused).
+
+        ``result`` is int32 (bytes moved, or ``-errno``).
+        """
         head = _U32.unpack_from(self._cq_ring, self._cq_head)[0]
         tail = _U32.unpack_from(self._cq_ring, self._cq_tail)[0]
         n = (tail - head) & 0xFFFFFFFF
         first = head & self._cmask
-        if first + n <= self._cmask + 1:
-            ready = self._cqe_array[first : first + n].copy()
+        if first + n <= self._cmask + 1:  # one slice: two strided copies, no temporary
+            user, res = self._cq_user[first : first + n].copy(), self._cq_res[first : first + n].copy()
         else:
-            ready = np.concatenate((self._cqe_array[first:], self._cqe_array[: first + n - self._cmask - 1]))
+            idx = (head + np.arange(n, dtype=np.uint64)) & np.uint64(self._cmask)
+            user, res = self._cq_user[idx], self._cq_res[idx]
         _U32.pack_into(self._cq_ring, self._cq_head, tail)
-        return ready["user_data"], ready["res"].astype(np.int64)
+        return user, res
 
     def enter(self, wait: int) -> int:
         """Publish prepared entries, submit them, wait for ``wait`` completions (GIL released).
@@ -216,7 +221,7 @@ class Ring:
 
     def close(self) -> None:
         """Unmap the regions and close the ring."""
-        del self._sqe_array, self._index_array, self._cqe_array, self._fields
+        del self._sqe_array, self._index_array, self._cqe_array, self._fields, self._cq_user, self._cq_res
         for region in {id(r): r for r in (self._sqes, self._sq_ring, self._cq_ring)}.values():
             region.close()
         os.close(self.fd)

@@ -34,6 +34,7 @@ log = logging.getLogger("carina.io")
 
 _WAKE = 1 << 62
 _ROW = 1 << 61  # user_data of a gather row: _ROW | gather id << 32 | row
+_ROW_HIGH, _WAKE_HIGH = _ROW >> 32, _WAKE >> 32
 
 
 class UringBackend(IOBackend):
@@ -49,6 +50,7 @@ class UringBackend(IOBackend):
         self._queue: collections.deque[Op | list[Any]] = collections.deque()
         self._ops: dict[int, tuple[Op, Any]] = {}
         self._gathers: dict[int, GatherOp] = {}
+        self._parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # completions of unfinished gathers
         self._ids = itertools.count()
         self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC)
         self._wake_buf = ctypes.create_string_buffer(8)
@@ -181,10 +183,12 @@ class UringBackend(IOBackend):
         user, res = self._ring.completion_arrays()
         if not len(user):
             return
-        rows = (user & np.uint64(_ROW | _WAKE)) == np.uint64(_ROW)
-        if rows.all():  # the common case under load: only gather rows
-            self._reap_rows(user, res)
+        high = user >> np.uint64(32)
+        first = int(high[0])
+        if first & _ROW_HIGH and not first & _WAKE_HIGH and (high == first).all():  # the common case
+            self._rows_of(first & 0x1FFFFFFF, user, res)
             return
+        rows = (user & np.uint64(_ROW | _WAKE)) == np.uint64(_ROW)
         for u, r in zip(user[~rows].tolist(), res[~rows].tolist(), strict=True):
             if u == _WAKE:
                 self._arm_wake()
@@ -196,20 +200,20 @@ class UringBackend(IOBackend):
             self._reap_rows(user[rows], res[rows])
 
     def _reap_rows(self, user: np.ndarray, res: np.ndarray) -> None:
-        self._room += len(user)
         gids = ((user >> np.uint64(32)) & np.uint64(0x1FFFFFFF)).astype(np.int64)
-        index = (user & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        first = int(gids[0])
-        groups = [first] if (gids == first).all() else np.unique(gids).tolist()
-        for gid in groups:
-            gather = self._gathers[gid]
-            if len(groups) == 1:
-                gather.results[index] = res
-                count = len(index)
-            else:
-                mine = gids == gid
-                gather.results[index[mine]] = res[mine]
-                count = int(mine.sum())
-            if gather._left == count:
-                del self._gathers[gid]
-            gather.rows_done(count)
+        for gid in np.unique(gids).tolist():
+            mine = gids == gid
+            self._rows_of(gid, user[mine], res[mine])
+
+    def _rows_of(self, gid: int, user: np.ndarray, res: np.ndarray) -> None:
+        """Completions of rows of one gather; results are scattered once, when its last row is in."""
+        self._room += len(user)
+        gather = self._gathers[gid]
+        parts = self._parts.setdefault(gid, [])
+        parts.append((user, res))
+        if gather._left == len(user):
+            del self._gathers[gid], self._parts[gid]
+            users = parts[0][0] if len(parts) == 1 else np.concatenate([u for u, _ in parts])
+            results = parts[0][1] if len(parts) == 1 else np.concatenate([r for _, r in parts])
+            gather.results[users & np.uint64(0xFFFFFFFF)] = results
+        gather.rows_done(len(user))
