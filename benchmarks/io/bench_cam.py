@@ -2,7 +2,7 @@
 
 Each batch: row ids made on the device (``torch.randint``, a device
 generator), ``--rows`` rows of ``--row-bytes`` read from a file of random
-bytes, then ``--work`` rounds of ``tanh(x @ W)`` on the rows viewed as fp32.
+bytes, then ``--work`` rounds of ``tanh(x @ W)`` on the rows' first 1024 bytes as fp32.
 ``--ahead`` batches are requested in advance on both paths:
 
 * ``gpu_initiated``: ``CamGather.post`` on the compute stream (ids copied into
@@ -63,7 +63,8 @@ class Batches:
 
 
 def compute(x: torch.Tensor, w: torch.Tensor, work: int) -> torch.Tensor:
-    y = x.view(torch.float32).view(x.shape[0], -1)[:, : w.shape[0]].nan_to_num(0.0, 0.0, 0.0).clamp(-1, 1)
+    """``work`` rounds of ``tanh(y @ W)`` on the first ``len(W)`` bytes of each row, as values in [-0.5, 0.5]."""
+    y = x[:, : w.shape[0]].float() / 255.0 - 0.5
     for _ in range(work):
         y = torch.tanh(y @ w)
     return y
@@ -194,7 +195,7 @@ def main() -> None:
     path = work / "rows.bin"
     try:
         make_file(path, size)
-        width = min(1024, args.row_bytes // 4)
+        width = min(1024, args.row_bytes)
         w = torch.randn(width, width, device=args.device) / width**0.5
         with IOEngine(IOConfig(backend="auto", queue_depth=args.queue_depth)) as eng:
             h = eng.open(path, "r")

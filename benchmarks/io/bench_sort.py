@@ -172,7 +172,11 @@ class HostBuffers:
         buf = aligned_buffer(count * 8).view(np.uint64)
         if self.device != "cpu":
             ptr = buf.ctypes.data
-            if torch.cuda.cudart().cudaHostRegister(ptr, buf.nbytes, 0) == 0:
+            try:
+                ok = int(torch.cuda.cudart().cudaHostRegister(ptr, buf.nbytes, 0)) == 0
+            except (AttributeError, RuntimeError):  # no cudart binding: pageable copies, still correct
+                ok = False
+            if ok:
                 self._registered.append(ptr)
         return buf
 

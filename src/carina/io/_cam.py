@@ -300,8 +300,12 @@ class CamGather:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        deadline = time.monotonic() + timeout
         self._thread.join(timeout)
-        if self._thread.is_alive():
+        with self._cond:  # every served request's rows copied and its completion word written
+            while self.stats["served"] < self.stats["posted"] and time.monotonic() < deadline:
+                self._cond.wait(0.01)
+        if self._thread.is_alive() or self.stats["served"] < self.stats["posted"]:
             raise IOEngineError(f"CamGather: posted requests not served within {timeout} s", path=str(self.handle.path))
         if self._cuda:
             self._copy_stream.synchronize()
