@@ -5,7 +5,7 @@
 #   2. external sort, 2 GB of uint64 under a 512 MB budget (fixed merge), with the synchronous peer
 #   3. out-of-core GEMM n=12288 tile 4096 bf16 + TF32, ceiling = fio direct=1 (or threads) on the same two files
 #   4. GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32 release) vs host-initiated
-#   5. kvikio backend conformance tests, from the wheels in WHL_IO (default .whl-io, carried; ~4 MB), if present
+#   5. kvikio backend conformance tests, from the wheels in WHL_IO (default .whl-io, carried; ~6 MB), if present
 # fio: taken from PATH; else from Debian packages in FIO_DEBS (default .debs-io, carried), unpacked to /tmp;
 # else the steps say "fio not installed" and use threaded O_DIRECT reads (step 1 then has no ceiling).
 # Files (at most 3) in $OUT/io/: io_s2_records.json (every record, a JSON list), io_s2.log (all output).
@@ -78,8 +78,9 @@ kvikio_step() {  # the kvikio backend through the conformance suite, from wheels
   if ! ls "$WHL_IO"/kvikio_*.whl >/dev/null 2>&1; then echo "kvikio: no wheels in $WHL_IO: skipped"; return 0; fi
   local T; T=$(mktemp -d /tmp/carina-kvikio-XXXX)
   for w in "$WHL_IO"/*.whl; do "$PYTHON" -m zipfile -e "$w" "$T" || return 1; done  # a wheel is a zip: no pip
-  PYTHONPATH="$PYTHONPATH:$T" "$PYTHON" -c "from carina.io.backends.kvikio import KvikioBackend as K; print('kvikio backend reasons:', K.probe_reasons())"
-  PYTHONPATH="$PYTHONPATH:$T" "$PYTHON" -m pytest -q -p no:cacheprovider tests/io/test_io_kvikio.py 2>&1 | tail -5
+  export PYTHONPATH="$PYTHONPATH:$T" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$T/nvidia/cu13/lib"
+  "$PYTHON" -c "from carina.io.backends.kvikio import KvikioBackend as K; print('kvikio backend reasons:', K.probe_reasons())"
+  "$PYTHON" -m pytest -q -p no:cacheprovider tests/io/test_io_kvikio.py 2>&1 | tail -5
 }
 WHL_IO=${WHL_IO:-.whl-io}
 step kvikio 15 bash -c "$(declare -f kvikio_step); PYTHON=$PYTHON WHL_IO=$WHL_IO PYTHONPATH=$PYTHONPATH kvikio_step"

@@ -10,6 +10,7 @@ the backend reports why and is never started.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -57,6 +58,10 @@ class KvikioBackend(IOBackend):
             return [INSTALL_HINT]
         except Exception as exc:  # noqa: BLE001 - e.g. libkvikio or CUDA libraries missing underneath
             return [f"kvikio cannot be imported: {exc!r}"]
+        try:  # KvikIO loads the CUDA driver for every transfer, host memory included
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return ["kvikio needs the CUDA driver (libcuda.so.1), even in compat mode"]
         return []
 
     def _submit(self, ops: Sequence[Op]) -> None:
