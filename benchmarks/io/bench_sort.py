@@ -25,6 +25,7 @@ Usage: python benchmarks/io/bench_sort.py --device cuda --size 4G --budget 1G
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import shutil
 import sys
@@ -45,6 +46,8 @@ from carina.io import FileHandle, IOConfig, IOEngine, aligned_buffer
 from carina.io.workload import parse_size
 
 CHUNK = 4 << 20
+DEPTH = 4  # blocks per run in the merge: one in use, three read ahead
+OUT_SLOTS = 4  # output slots in the merge: one filling, three being written
 SIGN = -(1 << 63)
 
 
@@ -64,9 +67,13 @@ def device_sort(keys: np.ndarray, device: str) -> np.ndarray:
     return t.cpu().numpy().view(np.uint64)
 
 
-def merge_sort(keys: np.ndarray, device: str) -> np.ndarray:
-    """Sort the merge step's candidates (k sorted pieces): torch.sort on CUDA, NumPy timsort on CPU."""
-    return np.sort(keys, kind="stable") if device == "cpu" else device_sort(keys, device)
+def device_sort_into(keys: np.ndarray, out: np.ndarray, device: str) -> None:
+    """Sort uint64 ``keys`` on ``device`` straight into ``out`` (host; registered memory on CUDA)."""
+    if device == "cpu":
+        out[:] = device_sort(keys, device)
+        return
+    t = torch.from_numpy(keys.view(np.int64)).to(device, non_blocking=True) ^ SIGN
+    torch.from_numpy(out.view(np.int64)).copy_(torch.sort(t).values ^ SIGN)
 
 
 def io_chunks(h: FileHandle, offset: int, buf: np.ndarray) -> list[tuple[FileHandle, int, np.ndarray]]:
@@ -113,8 +120,9 @@ def write_input(eng: IOEngine, path: Path, nkeys: int, chunk_keys: int, seed: in
 def make_runs(eng: IOEngine, src: Path, dst: Path, nkeys: int, run_keys: int, device: str, overlap: bool) -> int:
     """Phase 1: sorted runs of ``run_keys`` keys from ``src`` into ``dst``; returns the number of runs."""
     hin, hout = eng.open(src, "r"), eng.open(dst, "w", size=nkeys * 8)
-    inbufs = [aligned_buffer(run_keys * 8).view(np.uint64) for _ in range(2)]
-    outbufs = [aligned_buffer(run_keys * 8).view(np.uint64) for _ in range(2)]
+    mem = HostBuffers(device)
+    inbufs = [mem.keys(run_keys) for _ in range(2)]
+    outbufs = [mem.keys(run_keys) for _ in range(2)]
     starts = list(range(0, nkeys, run_keys))
     reads: list[Pending | None] = [None, None]
     writes: list[Pending | None] = [None, None]
@@ -129,11 +137,10 @@ def make_runs(eng: IOEngine, src: Path, dst: Path, nkeys: int, run_keys: int, de
         reads[n % 2].wait()  # type: ignore[union-attr]
         if overlap and n + 1 < len(starts):
             issue_read(n + 1)
-        ordered = device_sort(inbufs[n % 2][:count], device)
         if writes[n % 2] is not None:
             writes[n % 2].wait()  # type: ignore[union-attr]
         out = outbufs[n % 2][:count]
-        out[:] = ordered
+        device_sort_into(inbufs[n % 2][:count], out, device)
         writes[n % 2] = Pending(eng.write_batch(io_chunks(hout, start * 8, out), coalesce=False))
         if not overlap:
             writes[n % 2].wait()  # type: ignore[union-attr]
@@ -142,105 +149,180 @@ def make_runs(eng: IOEngine, src: Path, dst: Path, nkeys: int, run_keys: int, de
     for w in writes:
         if w is not None:
             w.wait()
+    mem.close()
     eng.fsync(hout)
     eng.close_file(hin)
     eng.close_file(hout)
     return len(starts)
 
 
+class HostBuffers:
+    """Aligned host buffers (``O_DIRECT``), page-locked with ``cudaHostRegister`` when sorting on CUDA.
+
+    Registered memory makes the host<->device copies DMA at full speed and lets
+    them run ``non_blocking``; :meth:`close` unregisters everything.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._registered: list[int] = []
+
+    def keys(self, count: int) -> np.ndarray:
+        """A zeroed, 4 KiB-aligned uint64 array of ``count`` keys."""
+        buf = aligned_buffer(count * 8).view(np.uint64)
+        if self.device != "cpu":
+            ptr = buf.ctypes.data
+            try:
+                ok = int(torch.cuda.cudart().cudaHostRegister(ptr, buf.nbytes, 0)) == 0
+            except (AttributeError, RuntimeError):  # no cudart binding: pageable copies, still correct
+                ok = False
+            if ok:
+                self._registered.append(ptr)
+        return buf
+
+    def close(self) -> None:
+        """Unregister every registered buffer."""
+        for ptr in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+        self._registered.clear()
+
+
 @dataclass(eq=False)
 class RunCursor:
-    """One sorted run streaming through two blocks: ``current`` in use, the other read ahead."""
+    """One sorted run streaming through a ring of blocks: ``current`` in use, the others read ahead."""
 
     pos: int  # next key of the run to read
     end: int  # one past the run's last key
     blocks: list[np.ndarray]
     current: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
-    which: int = 0
-    ahead: tuple[np.ndarray, Pending] | None = None
+    next_block: int = 0
+    ahead: collections.deque[tuple[np.ndarray, Pending]] = field(default_factory=collections.deque)
 
-    def issue(self, eng: IOEngine, h: FileHandle) -> None:
-        """Start reading the run's next block into the free one (if any is left)."""
-        if self.pos >= self.end:
-            return
-        count = min(len(self.blocks[0]), self.end - self.pos)
-        buf = self.blocks[1 - self.which][:count]
-        self.ahead = (buf, Pending(eng.read_batch(io_chunks(h, self.pos * 8, buf), coalesce=False)))
-        self.pos += count
+    def issue(self, eng: IOEngine, h: FileHandle, limit: int) -> None:
+        """Read the run's next blocks into free ones until ``limit`` reads are ahead (or the run ends)."""
+        while self.pos < self.end and len(self.ahead) < limit:
+            count = min(len(self.blocks[0]), self.end - self.pos)
+            buf = self.blocks[self.next_block][:count]
+            self.next_block = (self.next_block + 1) % len(self.blocks)
+            self.ahead.append((buf, Pending(eng.read_batch(io_chunks(h, self.pos * 8, buf), coalesce=False))))
+            self.pos += count
 
     def refill(self, eng: IOEngine, h: FileHandle, overlap: bool) -> None:
-        """Called when ``current`` is empty: swap in the block read ahead and read the next one."""
-        if self.ahead is None and not overlap:
-            self.issue(eng, h)
-        if self.ahead is None:
+        """Called when ``current`` is empty: take the oldest block read ahead and read further."""
+        if not self.ahead:
+            self.issue(eng, h, 1)
+        if not self.ahead:
             return
-        buf, pending = self.ahead
+        buf, pending = self.ahead.popleft()
         pending.wait()
-        self.current, self.which, self.ahead = buf, 1 - self.which, None
-        if overlap:
-            self.issue(eng, h)
+        self.current = buf
+        if overlap:  # every block but the current one may be in flight
+            self.issue(eng, h, len(self.blocks) - 1)
+
+
+class OutputRing:
+    """Sorted keys go into a ring of aligned slots; a full slot is written while the next ones fill."""
+
+    def __init__(self, eng: IOEngine, h: FileHandle, slots: list[np.ndarray], overlap: bool) -> None:
+        self.eng, self.h, self.slots, self.overlap = eng, h, slots, overlap
+        self.writes: list[Pending | None] = [None] * len(slots)
+        self.which = self.fill = self.written = 0
+
+    def free(self) -> np.ndarray:
+        """The writable rest of the current slot (waits for its previous write first)."""
+        pending = self.writes[self.which]
+        if pending is not None:
+            pending.wait()
+            self.writes[self.which] = None
+        return self.slots[self.which][self.fill :]
+
+    def advance(self, count: int) -> None:
+        """``count`` keys were put into :meth:`free`; write the slot out once it is full."""
+        self.fill += count
+        if self.fill == len(self.slots[self.which]):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the current slot's keys and move to the next slot."""
+        if not self.fill:
+            return
+        keys = self.slots[self.which][: self.fill]
+        pending = Pending(self.eng.write_batch(io_chunks(self.h, self.written * 8, keys), coalesce=False))
+        if not self.overlap:
+            pending.wait()
+        self.writes[self.which] = pending
+        self.written, self.fill, self.which = self.written + self.fill, 0, (self.which + 1) % len(self.slots)
+
+    def close(self) -> None:
+        """Flush and wait for every write."""
+        self.flush()
+        for pending in self.writes:
+            if pending is not None:
+                pending.wait()
+
+
+def sorted_into(cand: np.ndarray, out: OutputRing, device: str) -> None:
+    """Sort ``cand`` (on ``device``) and append it to ``out`` slot by slot."""
+    if device == "cpu":
+        cand.sort(kind="stable")  # k sorted pieces: the run-aware sort merges them
+        merged: Any = cand
+    else:
+        t = torch.from_numpy(cand.view(np.int64)).to(device, non_blocking=True) ^ SIGN
+        merged = torch.sort(t).values ^ SIGN
+    pos = 0
+    while pos < len(cand):
+        free = out.free()
+        take = min(len(cand) - pos, len(free))
+        if device == "cpu":
+            free[:take] = merged[pos : pos + take]
+        else:
+            torch.from_numpy(free[:take].view(np.int64)).copy_(merged[pos : pos + take])  # waits for the copy
+        pos += take
+        out.advance(take)
 
 
 def merge_runs(
     eng: IOEngine, src: Path, dst: Path, nkeys: int, run_keys: int, budget: int, device: str, overlap: bool
 ) -> None:
-    """Phase 2: merge every run of ``src`` into ``dst``."""
+    """Phase 2: merge every run of ``src`` into ``dst``.
+
+    Budget: half for the runs' blocks (``DEPTH`` per run), a quarter for the
+    output slots, a quarter for one step's candidates (each step takes about
+    one block per run, a sixth of the blocks' share, so it fits).
+    """
     nruns = -(-nkeys // run_keys)
-    block_keys = max(512, budget // (8 * nruns) // 8 // 512 * 512)
-    out_keys = max(512, budget // 8 // 8 // 512 * 512)
+    block_keys = max(512, budget // 2 // (8 * nruns * DEPTH) // 512 * 512)
+    slot_keys = max(512, budget // 4 // 8 // OUT_SLOTS // 512 * 512)
     hin, hout = eng.open(src, "r"), eng.open(dst, "w", size=nkeys * 8)
+    mem = HostBuffers(device)
     runs = []
     for r in range(nruns):
-        cur = RunCursor(
-            r * run_keys,
-            min(nkeys, (r + 1) * run_keys),
-            [aligned_buffer(block_keys * 8).view(np.uint64) for _ in range(2)],
-        )
-        cur.which = 1  # the first read goes to block 0
-        cur.issue(eng, hin)
-        cur.refill(eng, hin, overlap)
+        cur = RunCursor(r * run_keys, min(nkeys, (r + 1) * run_keys), [mem.keys(block_keys) for _ in range(DEPTH)])
+        cur.issue(eng, hin, DEPTH - 1 if overlap else 1)
         runs.append(cur)
-    outbufs = [aligned_buffer(out_keys * 8).view(np.uint64) for _ in range(2)]
-    writes: list[Pending | None] = [None, None]
-    fill, which, written = 0, 0, 0
-
-    def flush() -> None:
-        nonlocal fill, which, written
-        writes[which] = Pending(eng.write_batch(io_chunks(hout, written * 8, outbufs[which][:fill]), coalesce=False))
-        if not overlap:
-            writes[which].wait()  # type: ignore[union-attr]
-        written, fill, which = written + fill, 0, 1 - which
-        if writes[which] is not None:
-            writes[which].wait()  # type: ignore[union-attr]
-            writes[which] = None
-
-    while True:
-        live = [c for c in runs if len(c.current)]
-        if not live:
-            break
-        bound = min(c.current[-1] for c in live)
-        takes = []
-        for c in live:
-            n = int(np.searchsorted(c.current, bound, side="right"))
-            takes.append(c.current[:n])
-            c.current = c.current[n:]
-        merged = merge_sort(np.concatenate(takes), device)
-        for c in live:
-            if not len(c.current):
-                c.refill(eng, hin, overlap)
-        pos = 0
-        while pos < len(merged):
-            take = min(len(merged) - pos, out_keys - fill)
-            outbufs[which][fill : fill + take] = merged[pos : pos + take]
-            fill, pos = fill + take, pos + take
-            if fill == out_keys:
-                flush()
-    if fill:
-        flush()
-    for w in writes:
-        if w is not None:
-            w.wait()
-    assert written == nkeys, f"merged {written} of {nkeys} keys"
+    for cur in runs:
+        cur.refill(eng, hin, overlap)
+    out = OutputRing(eng, hout, [mem.keys(slot_keys) for _ in range(OUT_SLOTS)], overlap)
+    cand_buf = mem.keys(nruns * block_keys)
+    try:
+        while True:
+            live = [c for c in runs if len(c.current)]
+            if not live:
+                break
+            bound = min(c.current[-1] for c in live)
+            fill = 0
+            for c in live:
+                n = int(np.searchsorted(c.current, bound, side="right"))
+                cand_buf[fill : fill + n] = c.current[:n]
+                fill += n
+                c.current = c.current[n:]
+                if not len(c.current):
+                    c.refill(eng, hin, overlap)
+            sorted_into(cand_buf[:fill], out, device)
+        out.close()
+    finally:
+        mem.close()
+    assert out.written == nkeys, f"merged {out.written} of {nkeys} keys"
     eng.fsync(hout)
     eng.close_file(hin)
     eng.close_file(hout)

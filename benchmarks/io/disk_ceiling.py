@@ -22,7 +22,7 @@ import numpy as np
 
 from carina.io import aligned_buffer
 
-__all__ = ["find_fio", "read_ceiling", "write_ceiling"]
+__all__ = ["find_fio", "read_ceiling", "read_ceiling_files", "write_ceiling"]
 
 BLOCK = 4 << 20
 
@@ -115,3 +115,70 @@ def write_ceiling(directory: Path, size: int, fio: str | None, seconds: float = 
         return rate, "8-thread 4 MiB O_DIRECT pwritev sequential write + fsync, same folder, same run"
     finally:
         path.unlink(missing_ok=True)
+
+
+def read_ceiling_files(
+    paths: list[Path], fio: str | None, seconds: float = 2.0, queue_depth: int = 32
+) -> tuple[float, str]:
+    """Rate of ``O_DIRECT`` 4 MiB reads cycling over whole files (bytes/s, how measured).
+
+    The benchmark's own files, read in full and repeatedly as the benchmark
+    reads them, at its queue depth: whatever a cache below the guest (a VM
+    host's) does for the benchmark's reads, it does for this measurement too.
+    With fio: ``--filename=a:b`` (round robin over the files), io_uring,
+    ``direct=1``; without: ``queue_depth`` threads of ``preadv`` on
+    ``O_DIRECT`` descriptors, each taking the next block as soon as its last
+    one is done.
+    """
+    block = _block(min(p.stat().st_size for p in paths))
+    size = min(p.stat().st_size for p in paths) // block * block
+    if fio:
+        cmd = [
+            fio,
+            "--name=ceiling",
+            "--filename=" + ":".join(str(p) for p in paths),
+            f"--size={size * len(paths)}",
+            "--direct=1",
+            "--readonly",
+            "--rw=read",
+            f"--bs={block}",
+            "--ioengine=io_uring",
+            f"--iodepth={queue_depth}",
+            "--time_based",
+            f"--runtime={max(1, round(seconds))}",
+            "--output-format=json",
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        rate = float(json.loads(out[out.index("{") :])["jobs"][0]["read"]["bw_bytes"])
+        return rate, (
+            f"fio io_uring O_DIRECT {block >> 10} KiB sequential reads at iodepth {queue_depth} cycling over "
+            f"the benchmark's {len(paths)} files ({size * len(paths) / 1e6:.0f} MB), {max(1, round(seconds))} s, "
+            "same run"
+        )
+    return _threaded_files(paths, size, block, queue_depth, seconds), (
+        f"{queue_depth} threads of {block >> 10} KiB O_DIRECT preadv cycling over the benchmark's {len(paths)} files "
+        f"({size * len(paths) / 1e6:.0f} MB), {seconds:g} s, same run (fio not installed)"
+    )
+
+
+def _threaded_files(paths: list[Path], size: int, block: int, threads: int, seconds: float) -> float:
+    fds = [os.open(p, os.O_RDONLY | os.O_DIRECT) for p in paths]
+    blocks = size // block * len(fds)
+    counter = iter(range(1 << 62))
+    stop = time.perf_counter() + seconds
+
+    def worker() -> int:
+        buf, done = aligned_buffer(block), 0
+        while time.perf_counter() < stop:
+            n = next(counter) % blocks
+            done += os.preadv(fds[n % len(fds)], [buf], (n // len(fds)) * block)
+        return done
+
+    t0 = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            total = sum(pool.map(lambda _: worker(), range(threads)))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return total / (time.perf_counter() - t0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from carina.io._buffers import aligned_buffer
 from carina.io._cache import drop_cache
+from carina.io._cam import CamConfig, CamGather, CamTicket
 from carina.io._config import Direct, IOConfig
 from carina.io._engine import IOEngine
 from carina.io._future import IOFuture, Request
@@ -28,6 +29,9 @@ from carina.io.backends import choose_backend
 Engine = IOEngine
 
 __all__ = [
+    "CamConfig",
+    "CamGather",
+    "CamTicket",
     "Direct",
     "Engine",
     "FileHandle",

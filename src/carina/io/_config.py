@@ -11,7 +11,7 @@ from carina.core.config import Config, require
 __all__ = ["BACKEND_NAMES", "Direct", "IOConfig"]
 
 #: Backend names a config may ask for; ``auto`` picks the best capable one.
-BACKEND_NAMES = ("auto", "uring", "posix", "null")
+BACKEND_NAMES = ("auto", "uring", "posix", "kvikio", "null")
 
 QUEUE_DEPTH = flags.define("CARINA_IO_QUEUE_DEPTH", int, 64, "default queue depth of carina.io engines")
 WORKERS = flags.define("CARINA_IO_WORKERS", int, 4, "default worker threads of the posix IO backend")
@@ -37,7 +37,7 @@ class IOConfig(Config):
     """Settings of an :class:`~carina.io.IOEngine`.
 
     Attributes:
-        backend: ``auto``, ``uring``, ``posix`` or ``null``.
+        backend: ``auto``, ``uring``, ``posix``, ``kvikio`` or ``null``.
         queue_depth: Most operations in flight; submitting more blocks (backpressure).
         workers: Threads of the ``posix`` backend.
         direct: O_DIRECT policy, see :class:`Direct`.

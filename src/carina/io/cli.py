@@ -54,6 +54,7 @@ def probe_report(path: Path) -> dict[str, Any]:
         "backend": selection.backend.name,
         "skipped": selection.skipped,
         "order": list(AUTO_ORDER),
+        "named_only": {"kvikio": _kvikio_reasons() or ["available"]},
         "io_uring": {"works": uring_ok, "reason": uring_why},
         "path": {
             "path": str(path),
@@ -62,6 +63,12 @@ def probe_report(path: Path) -> dict[str, Any]:
             "o_direct_reason": where.o_direct_reason,
         },
     }
+
+
+def _kvikio_reasons() -> list[str]:
+    from carina.io.backends.kvikio import KvikioBackend
+
+    return KvikioBackend.probe_reasons()
 
 
 @app.command()
@@ -79,6 +86,7 @@ def probe(
 
     rows = [("backend (auto)", report["backend"])]
     rows += [(f"skipped {name}", "; ".join(why)) for name, why in report["skipped"].items()]
+    rows += [(f"{name} (only when named)", "; ".join(why)) for name, why in report["named_only"].items()]
     rows += [
         ("io_uring", report["io_uring"]["reason"]),
         ("O_DIRECT at " + report["path"]["path"], report["path"]["o_direct_reason"]),

@@ -1,7 +1,7 @@
 """IO backends, registered lazily by name, and ``auto`` selection.
 
 Priority for ``auto``: ``uring`` (batched submission through io_uring), then
-``posix`` (thread pool). ``null`` is never chosen automatically.
+``posix`` (thread pool). ``kvikio`` and ``null`` are used only when named.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ __all__ = ["AUTO_ORDER", "BACKENDS", "IOBackend", "build_backend", "choose_backe
 BACKENDS = Registry("io.backend")
 BACKENDS.register("uring", "carina.io.backends.uring:UringBackend", doc="io_uring through raw syscalls (ctypes)")
 BACKENDS.register("posix", "carina.io.backends.posix:PosixBackend", doc="thread pool over preadv/pwritev")
+BACKENDS.register("kvikio", "carina.io.backends.kvikio:KvikioBackend", doc="NVIDIA KvikIO (GDS or compat mode)")
 BACKENDS.register("null", "carina.io.backends.null:NullBackend", doc="completes at once, touches nothing")
 
-AUTO_ORDER = ("uring", "posix")
+AUTO_ORDER = ("uring", "posix")  # kvikio only when named: for host memory uring is faster
 
 
 class Candidate(Backend):

@@ -120,6 +120,9 @@ class Ring:
         self._sqe_array = np.frombuffer(self._sqes, dtype=SQE_DTYPE)
         self._index_array = np.frombuffer(self._sq_ring, dtype="<u4", count=params.sq_entries, offset=self._sq_array)
         self._cqe_array = np.frombuffer(self._cq_ring, dtype=CQE_DTYPE, count=params.cq_entries, offset=self._cqes)
+        self._index_array[:] = np.arange(params.sq_entries, dtype="<u4")  # slot i holds entry i, set once
+        self._cq_user, self._cq_res = self._cqe_array["user_data"], self._cqe_array["res"]
+        self._fields = {name: self._sqe_array[name] for name in ("opcode", "fd", "off", "addr", "len", "user_data")}
 
     def prepare(
         self, opcode: int, fd: int, offset: int, addr: int, length: int, user_data: int, buf_index: int = 0
@@ -129,33 +132,50 @@ class Ring:
         _SQE.pack_into(
             self._sqes, index * 64, opcode, 0, 0, fd, offset, addr, length, 0, user_data, buf_index, 0, 0, 0, 0
         )
-        _U32.pack_into(self._sq_ring, self._sq_array + index * 4, index)
         self._tail = (self._tail + 1) & 0xFFFFFFFF
         self._unsubmitted += 1
 
     def prepare_many(
         self, opcode: int, fd: int, offsets: np.ndarray, addrs: np.ndarray, lengths: np.ndarray, user_data: np.ndarray
     ) -> None:
-        """Write ``len(offsets)`` submission entries with array stores (no Python per entry)."""
+        """Write ``len(offsets)`` submission entries with slice stores (no Python per entry).
+
+        Fields not written here (flags, ``buf_index``, ...) stay zero: every
+        writer of a slot leaves them zero.
+        """
         k = len(offsets)
-        idx = (self._tail + np.arange(k, dtype=np.uint64)) & np.uint64(self._mask)
-        entries = np.zeros(k, dtype=SQE_DTYPE)
-        entries["opcode"], entries["fd"], entries["off"] = opcode, fd, offsets
-        entries["addr"], entries["len"], entries["user_data"] = addrs, lengths, user_data
-        self._sqe_array[idx] = entries
-        self._index_array[idx] = idx
+        first = self._tail & self._mask
+        split = min(k, self._mask + 1 - first)  # entries before the ring wraps
+        f = self._fields
+        for lo, hi, src in ((first, first + split, 0), (0, k - split, split)):
+            if hi <= lo:
+                continue
+            n = hi - lo
+            f["opcode"][lo:hi] = opcode
+            f["fd"][lo:hi] = fd
+            f["off"][lo:hi] = offsets[src : src + n]
+            f["addr"][lo:hi] = addrs[src : src + n]
+            f["len"][lo:hi] = lengths[src : src + n]
+            f["user_data"][lo:hi] = user_data[src : src + n]
         self._tail = (self._tail + k) & 0xFFFFFFFF
         self._unsubmitted += k
 
     def completion_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Take every ready completion as arrays ``(user_data, result)``."""
+        """Take every ready completion as arrays ``(user_data, result)`` (copies: slots are reused).
+
+        ``result`` is int32 (bytes moved, or ``-errno``).
+        """
         head = _U32.unpack_from(self._cq_ring, self._cq_head)[0]
         tail = _U32.unpack_from(self._cq_ring, self._cq_tail)[0]
         n = (tail - head) & 0xFFFFFFFF
-        idx = (head + np.arange(n, dtype=np.uint64)) & np.uint64(self._cmask)
-        ready = self._cqe_array[idx]  # a copy: the slots may be reused once head moves
+        first = head & self._cmask
+        if first + n <= self._cmask + 1:  # one slice: two strided copies, no temporary
+            user, res = self._cq_user[first : first + n].copy(), self._cq_res[first : first + n].copy()
+        else:
+            idx = (head + np.arange(n, dtype=np.uint64)) & np.uint64(self._cmask)
+            user, res = self._cq_user[idx], self._cq_res[idx]
         _U32.pack_into(self._cq_ring, self._cq_head, tail)
-        return ready["user_data"], ready["res"].astype(np.int64)
+        return user, res
 
     def enter(self, wait: int) -> int:
         """Publish prepared entries, submit them, wait for ``wait`` completions (GIL released).
@@ -201,7 +221,7 @@ class Ring:
 
     def close(self) -> None:
         """Unmap the regions and close the ring."""
-        del self._sqe_array, self._index_array, self._cqe_array
+        del self._sqe_array, self._index_array, self._cqe_array, self._fields, self._cq_user, self._cq_res
         for region in {id(r): r for r in (self._sqes, self._sq_ring, self._cq_ring)}.values():
             region.close()
         os.close(self.fd)

@@ -34,6 +34,7 @@ log = logging.getLogger("carina.io")
 
 _WAKE = 1 << 62
 _ROW = 1 << 61  # user_data of a gather row: _ROW | gather id << 32 | row
+_ROW_HIGH, _WAKE_HIGH = _ROW >> 32, _WAKE >> 32
 
 
 class UringBackend(IOBackend):
@@ -49,6 +50,7 @@ class UringBackend(IOBackend):
         self._queue: collections.deque[Op | list[Any]] = collections.deque()
         self._ops: dict[int, tuple[Op, Any]] = {}
         self._gathers: dict[int, GatherOp] = {}
+        self._parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # completions of unfinished gathers
         self._ids = itertools.count()
         self._wake_fd = os.eventfd(0, os.EFD_CLOEXEC)
         self._wake_buf = ctypes.create_string_buffer(8)
@@ -146,23 +148,18 @@ class UringBackend(IOBackend):
                 continue
             gather, row = item[0], item[1]
             take = min(self._room, len(gather.offsets) - row)
-            if row == 0:
+            if row == 0:  # first rows: name the gather, make its addresses and user data once
                 gid = next(self._ids) & 0x1FFFFFFF
                 self._gathers[gid] = gather
-                item.append(gid)
-            rows = np.arange(row, row + take, dtype=np.uint64)
-            user = np.uint64(_ROW | item[2] << 32) | rows
+                users = np.uint64(_ROW | gid << 32) | np.arange(len(gather.offsets), dtype=np.uint64)
+                item.extend((gid, gather.addresses, users))
+            end = row + take
             self._ring.prepare_many(
-                OP_READ,
-                gather.fd,
-                gather.offsets[row : row + take],
-                gather.addresses[row : row + take],
-                gather.lengths[row : row + take],
-                user,
+                OP_READ, gather.fd, gather.offsets[row:end], item[3][row:end], gather.lengths[row:end], item[4][row:end]
             )
             self._room -= take
-            item[1] = row + take
-            if item[1] == len(gather.offsets):
+            item[1] = end
+            if end == len(gather.offsets):
                 self._queue.popleft()
 
     def _prepare_op(self, op: Op) -> None:
@@ -186,6 +183,11 @@ class UringBackend(IOBackend):
         user, res = self._ring.completion_arrays()
         if not len(user):
             return
+        high = user >> np.uint64(32)
+        first = int(high[0])
+        if first & _ROW_HIGH and not first & _WAKE_HIGH and (high == first).all():  # the common case
+            self._rows_of(first & 0x1FFFFFFF, user, res)
+            return
         rows = (user & np.uint64(_ROW | _WAKE)) == np.uint64(_ROW)
         for u, r in zip(user[~rows].tolist(), res[~rows].tolist(), strict=True):
             if u == _WAKE:
@@ -198,14 +200,20 @@ class UringBackend(IOBackend):
             self._reap_rows(user[rows], res[rows])
 
     def _reap_rows(self, user: np.ndarray, res: np.ndarray) -> None:
-        self._room += len(user)
         gids = ((user >> np.uint64(32)) & np.uint64(0x1FFFFFFF)).astype(np.int64)
-        index = (user & np.uint64(0xFFFFFFFF)).astype(np.int64)
         for gid in np.unique(gids).tolist():
             mine = gids == gid
-            gather = self._gathers[gid]
-            gather.results[index[mine]] = res[mine]
-            count = int(mine.sum())
-            if gather._left == count:
-                del self._gathers[gid]
-            gather.rows_done(count)
+            self._rows_of(gid, user[mine], res[mine])
+
+    def _rows_of(self, gid: int, user: np.ndarray, res: np.ndarray) -> None:
+        """Completions of rows of one gather; results are scattered once, when its last row is in."""
+        self._room += len(user)
+        gather = self._gathers[gid]
+        parts = self._parts.setdefault(gid, [])
+        parts.append((user, res))
+        if gather._left == len(user):
+            del self._gathers[gid], self._parts[gid]
+            users = parts[0][0] if len(parts) == 1 else np.concatenate([u for u, _ in parts])
+            results = parts[0][1] if len(parts) == 1 else np.concatenate([r for _, r in parts])
+            gather.results[users & np.uint64(0xFFFFFFFF)] = results
+        gather.rows_done(len(user))

@@ -1,0 +1,244 @@
+"""GPU-initiated gathers (CamGather) against host-initiated ones, with compute on the gathered rows.
+
+Each batch: row ids made on the device (``torch.randint``, a device
+generator), ``--rows`` rows of ``--row-bytes`` read from a file of random
+bytes, then ``--work`` rounds of ``tanh(x @ W)`` on the rows' first 1024 bytes as fp32.
+``--ahead`` batches are requested in advance on both paths:
+
+* ``gpu_initiated``: ``CamGather.post`` on the compute stream (ids copied into
+  the mapped request ring, doorbell with ``cuStreamWriteValue32``),
+  ``CamGather.wait`` (``cuStreamWaitValue32``) before the compute; the host
+  never synchronises with the GPU inside the loop.
+* ``host_initiated``: the ids are made on a side stream, the host waits for
+  that stream, reads the ids, calls ``IOEngine.gather`` into a pinned buffer,
+  waits for it when the batch is due, copies it to the device and computes
+  (the engine's ordinary path; its best case, since the ids never wait for
+  the compute).
+
+The ceiling is batches / max(IO-only time, compute-only time), both measured
+in the same run (IO-only: the same gathers with nothing else; compute-only:
+the same matmuls on resident rows). The last batch of each path is checked
+byte for byte against the file. With ``--device cpu`` the same code runs with
+host stores and waits (the numbers then say little).
+
+Usage: python benchmarks/io/bench_cam.py --device cuda --file-size 1G --rows 1024 --batches 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from carina.core.bench import Figure, make_record, write_record
+from carina.io import CamConfig, CamGather, IOConfig, IOEngine, aligned_buffer
+from carina.io.workload import parse_size
+
+
+def make_file(path: Path, size: int) -> None:
+    """Random bytes, written in 64 MiB pieces."""
+    rng = np.random.default_rng(1)
+    with open(path, "wb") as f:
+        for _ in range(0, size, 64 << 20):
+            f.write(rng.integers(0, 256, min(64 << 20, size), dtype=np.uint8).tobytes())
+
+
+class Batches:
+    """Row ids per batch, made on the device from one generator (the same sequence for every path)."""
+
+    def __init__(self, args: argparse.Namespace, nrows: int) -> None:
+        self.args, self.nrows = args, nrows
+        self.gen = torch.Generator(device=args.device)
+        self.gen.manual_seed(0)
+
+    def ids(self) -> torch.Tensor:
+        return torch.randint(0, self.nrows, (self.args.rows,), device=self.args.device, generator=self.gen)
+
+
+def compute(x: torch.Tensor, w: torch.Tensor, work: int) -> torch.Tensor:
+    """``work`` rounds of ``tanh(y @ W)`` on the first ``len(W)`` bytes of each row, as values in [-0.5, 0.5]."""
+    y = x[:, : w.shape[0]].float() / 255.0 - 0.5
+    for _ in range(work):
+        y = torch.tanh(y @ w)
+    return y
+
+
+def sync(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def gpu_initiated(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor, nrows: int) -> dict[str, Any]:
+    dev, rb = args.device, args.row_bytes
+    slots = args.ahead + 1
+    dests = [torch.empty(args.rows, rb, dtype=torch.uint8, device=dev) for _ in range(slots)]
+    batches = Batches(args, nrows)
+    with CamGather(eng, h, CamConfig(row_bytes=rb, max_rows=args.rows, slots=slots, device=dev)) as cam:
+        sync(dev)
+        t0 = time.perf_counter()
+        queue, last_ids = [], None
+        for i in range(args.batches):
+            while len(queue) <= args.ahead and i + len(queue) < args.batches:
+                ids = batches.ids()
+                queue.append((cam.post(ids, dests[(i + len(queue)) % slots]), ids))
+            ticket, last_ids = queue.pop(0)
+            cam.wait(ticket)
+            out = compute(dests[i % slots], w, args.work)
+        sync(dev)
+        wall = time.perf_counter() - t0
+        stats = dict(cam.stats)
+    assert last_ids is not None
+    return {
+        "wall_s": wall,
+        "last": (last_ids.cpu().numpy(), dests[(args.batches - 1) % slots].cpu()),
+        "stats": stats,
+        "out_sum": float(out.sum()),
+    }
+
+
+def host_initiated(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor, nrows: int) -> dict[str, Any]:
+    dev, rb = args.device, args.row_bytes
+    slots = args.ahead + 1
+    pin = dev != "cpu"
+    raw = [torch.from_numpy(aligned_buffer(args.rows * rb)) for _ in range(slots)]
+    hosts = [r.pin_memory() if pin else r for r in raw]
+    dest = torch.empty(args.rows, rb, dtype=torch.uint8, device=dev)
+    side = torch.cuda.Stream() if pin else None
+    batches = Batches(args, nrows)
+
+    def issue(slot: int) -> tuple[Any, np.ndarray]:
+        if side is not None:
+            with torch.cuda.stream(side):
+                ids = batches.ids()
+            side.synchronize()  # the host needs the ids' values
+        else:
+            ids = batches.ids()
+        host_ids = ids.cpu().numpy()
+        return eng.gather(h, host_ids * rb, rb, hosts[slot].numpy()), host_ids
+
+    sync(dev)
+    t0 = time.perf_counter()
+    queue: list[tuple[Any, np.ndarray]] = []
+    last_ids = None
+    for i in range(args.batches):
+        while len(queue) <= args.ahead and i + len(queue) < args.batches:
+            queue.append(issue((i + len(queue)) % slots))
+        fut, last_ids = queue.pop(0)
+        fut.result()
+        dest.copy_(hosts[i % slots].view(args.rows, rb), non_blocking=pin)
+        out = compute(dest, w, args.work)
+        if pin:  # the pinned buffer is reused by a later gather: its copy must be done
+            torch.cuda.current_stream().synchronize()
+    sync(dev)
+    wall = time.perf_counter() - t0
+    assert last_ids is not None
+    return {"wall_s": wall, "last": (last_ids, dest.cpu()), "out_sum": float(out.sum())}
+
+
+def io_only(eng: IOEngine, h: Any, args: argparse.Namespace, nrows: int) -> float:
+    bufs = [aligned_buffer(args.rows * args.row_bytes) for _ in range(args.ahead + 1)]
+    rng = np.random.default_rng(2)
+    t0 = time.perf_counter()
+    futs = []
+    for i in range(args.batches):
+        futs.append(
+            eng.gather(h, rng.integers(0, nrows, args.rows) * args.row_bytes, args.row_bytes, bufs[i % len(bufs)])
+        )
+        if len(futs) > args.ahead:
+            futs.pop(0).result()
+    for f in futs:
+        f.result()
+    return time.perf_counter() - t0
+
+
+def compute_only(args: argparse.Namespace, w: torch.Tensor, path: Path) -> float:
+    """Seconds of the batches' compute on resident rows (the file's first rows: the same kind of data)."""
+    rows = np.fromfile(path, dtype=np.uint8, count=args.rows * args.row_bytes).reshape(args.rows, args.row_bytes)
+    x = torch.from_numpy(rows).to(args.device)
+    compute(x, w, args.work)
+    sync(args.device)
+    t0 = time.perf_counter()
+    for _ in range(args.batches):
+        compute(x, w, args.work)
+    sync(args.device)
+    return time.perf_counter() - t0
+
+
+def check(path: Path, res: dict[str, Any], rb: int) -> bool:
+    ids, got = res.pop("last")
+    want = np.fromfile(path, dtype=np.uint8).reshape(-1, rb)[ids]
+    return bool(np.array_equal(got.numpy(), want))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--file-size", default="256M")
+    p.add_argument("--row-bytes", type=int, default=4096)
+    p.add_argument("--rows", type=int, default=1024, help="rows per batch")
+    p.add_argument("--batches", type=int, default=32)
+    p.add_argument("--ahead", type=int, default=2, help="batches requested in advance")
+    p.add_argument("--work", type=int, default=8, help="tanh(x @ W) rounds per batch")
+    p.add_argument("--queue-depth", type=int, default=128)
+    p.add_argument("--dir", type=Path, default=None)
+    p.add_argument("--name", default="io_cam")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    size = parse_size(args.file_size) // args.row_bytes * args.row_bytes
+    nrows = size // args.row_bytes
+    work = Path(tempfile.mkdtemp(prefix="carina-cam-", dir=args.dir))
+    path = work / "rows.bin"
+    try:
+        make_file(path, size)
+        width = min(1024, args.row_bytes)
+        w = torch.randn(width, width, device=args.device) / width**0.5
+        with IOEngine(IOConfig(backend="auto", queue_depth=args.queue_depth)) as eng:
+            h = eng.open(path, "r")
+            io_only(eng, h, args, nrows)  # warm-up
+            r: dict[str, Any] = {
+                "io_only_s": io_only(eng, h, args, nrows),
+                "compute_only_s": compute_only(args, w, path),
+            }
+            r["gpu_initiated"] = gpu_initiated(eng, h, args, w, nrows)
+            r["host_initiated"] = host_initiated(eng, h, args, w, nrows)
+            r["backend"] = eng.backend.name
+        r["gpu_initiated"]["rows_equal"] = check(path, r["gpu_initiated"], args.row_bytes)
+        r["host_initiated"]["rows_equal"] = check(path, r["host_initiated"], args.row_bytes)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if not (r["gpu_initiated"]["rows_equal"] and r["host_initiated"]["rows_equal"]):
+        sys.exit("rows differ from the file")
+    r["bound_s"] = max(r["io_only_s"], r["compute_only_s"])
+    per_s = args.batches / r["gpu_initiated"]["wall_s"]
+    print(
+        f"gpu-initiated {per_s:.1f} batches/s, host-initiated {args.batches / r['host_initiated']['wall_s']:.1f}, "
+        f"bound {args.batches / r['bound_s']:.1f}"
+    )
+    fig = Figure(
+        name="gpu_initiated_gather",
+        value=per_s,
+        unit="batches/s",
+        ceiling=args.batches / r["bound_s"],
+        ceiling_source="batches / max(IO-only gathers, compute-only matmuls), same run",
+        peers={"host_initiated_gather": args.batches / r["host_initiated"]["wall_s"]},
+    )
+    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("dir", "out")}
+    record = make_record(
+        name=args.name,
+        figures=[fig],
+        config=cfg,
+        metrics=r,
+        notes="batch = rows random rows of row_bytes, then work rounds of tanh(x @ W).",
+    )
+    print(write_record(record, directory=args.out))
+
+
+if __name__ == "__main__":
+    main()
