@@ -24,7 +24,7 @@ def test_live_guest_snapshots_scan_like_the_tree_and_stay_frozen(tmp_path: Path)
         kernel = find_guest_kernel()
     except BackendUnavailable as exc:
         pytest.skip(str(exc))
-    rounds, iters = 2, 2
+    rounds, iters = 2, 1
     initrd, disk, root = build_guest(tmp_path, kernel, iters=iters, rounds=rounds, filler_files=40, filler_mb=2)
     res = run_experiment(tmp_path, kernel, initrd, disk, accel="tcg", timeout=240)
     assert "LIVE-DONE" in res.console, res.console[-1000:]
