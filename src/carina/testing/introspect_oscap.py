@@ -180,6 +180,37 @@ def compare(carina: dict[str, str], oscap: dict[str, str]) -> dict[str, tuple[st
     return out
 
 
+def oscap_dpkg_eval(root: Path, oval: str) -> dict[str, str] | None:
+    """``oscap oval eval`` of ``oval`` with the host's ``/var/lib/dpkg`` replaced by ``root``'s.
+
+    The dpkginfo probe does not work under ``oscap-chroot`` in OpenSCAP 1.3.7, so this
+    runs plain ``oscap`` in a private mount namespace (``unshare -m``) where ``root``'s
+    dpkg directory is bind-mounted over the host's; nothing outside that namespace
+    changes. Returns definition id -> result, or None where the namespace cannot be made
+    (not root, or unshare refused).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        src, res = Path(tmp) / "defs.xml", Path(tmp) / "results.xml"
+        src.write_text(oval)
+        script = 'mount --bind "$1/var/lib/dpkg" /var/lib/dpkg && exec oscap oval eval --results "$2" "$3"'
+        proc = subprocess.run(
+            ["unshare", "-m", "sh", "-c", script, "sh", str(root), str(res), str(src)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if not res.is_file():
+            if "unshare" in proc.stderr or "mount" in proc.stderr:
+                return None
+            raise RuntimeError(f"oscap wrote no results (rc {proc.returncode}): {proc.stderr[-500:]}")
+        tree = ET.parse(res)
+    return {
+        el.attrib["definition_id"]: el.attrib["result"]
+        for el in tree.iter()
+        if el.tag.endswith("}definition") and "result" in el.attrib and "definition_id" in el.attrib
+    }
+
+
 def have_oscap() -> bool:
     """Whether ``oscap-chroot`` and the SSG Debian content are installed."""
     return shutil.which("oscap-chroot") is not None and SSG_OVAL.is_file()
