@@ -117,7 +117,8 @@ class _Doc:
         top = ET.SubElement(el, f"{{{_NS}}}criteria", operator="OR")
         for low, high in spans:
             both = ET.SubElement(top, f"{{{_NS}}}criteria", operator="AND")
-            for bound in [b for b in (low, high) if b is not None] or [None]:
+            bounds: list[tuple[str, str] | None] = [b for b in (low, high) if b is not None]
+            for bound in bounds or [None]:  # no bound: any installed version
                 ET.SubElement(both, f"{{{_NS}}}criterion", test_ref=self.test(binary, bound))
         return did
 
