@@ -28,15 +28,31 @@ def _tree(path: Path) -> Path:
     return root
 
 
+def _patched(raw: Path, out: Path, edits: list[tuple[bytes, bytes]]) -> Path:
+    """A copy of ``raw`` with same-length byte edits in the root partition's fstab (file data has no checksum)."""
+    subprocess.run(["cp", "--sparse=always", str(raw), str(out)], check=True)
+    with out.open("r+b") as fh:
+        head = fh.read(64 << 20)  # partition 1 (root) lies in the first MiBs
+        for old, new in edits:
+            assert len(old) == len(new) and head.count(old) == 1
+            fh.seek(head.index(old))
+            fh.write(new)
+    return out
+
+
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("split")
     root = _tree(work / "root")
-    image = build_split_image(root, work / "split.qcow2")
-    broken_root = _tree(work / "root-broken")
-    wrong = fstab_text().replace(USR_UUID.upper(), "00000000-0000-0000-0000-000000000000")
-    wrong = wrong.replace("/dev/mapper/vg0-var", "/dev/sda9")
-    broken = build_split_image(broken_root, work / "broken.qcow2", fstab=wrong)
+    raw = build_split_image(root, work / "split.raw", fmt="raw")
+    image = work / "split.qcow2"
+    subprocess.run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(image)], check=True)
+    usr = f"UUID={USR_UUID.upper()}".encode()
+    broken = _patched(
+        raw,
+        work / "broken.raw",
+        [(usr, b"UUID=00000000-0000-0000-0000-000000000000"), (b"/dev/mapper/vg0-var", b"/dev/sda9          ")],
+    )
     return {"root": root, "image": image, "broken": broken}
 
 
