@@ -16,6 +16,7 @@ APT_PACKAGES=(
   linux-image-cloud-amd64 busybox-static
   tgt nbdkit libnbd-bin python3-libnbd nbd-client fio mmdebstrap pciutils
   e2fsprogs xfsprogs dosfstools lvm2 fdisk rpm
+  openscap-scanner openscap-utils ssg-debian db5.3-util
 )
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

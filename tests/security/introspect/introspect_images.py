@@ -43,3 +43,36 @@ def dpkg_query(root: Path) -> set[tuple[str, str, str]]:
         check=True,
     ).stdout
     return {tuple(line.split("\t")) for line in out.splitlines()}  # type: ignore[misc]
+
+
+def rpm_header(name: str, epoch: int, version: str, release: str, *, arch: str = "x86_64", pad: int = 0) -> bytes:
+    """An rpm header blob with NEVRA, a source rpm and ``pad`` bytes of description (to go off-page)."""
+    import struct
+
+    tags = {
+        1000: (6, name.encode() + b"\0"),
+        1001: (6, version.encode() + b"\0"),
+        1002: (6, release.encode() + b"\0"),
+        1005: (6, b"d" * pad + b"\0"),
+        1022: (6, arch.encode() + b"\0"),
+        1044: (6, f"{name}-{version}-{release}.src.rpm".encode() + b"\0"),
+    }
+    if epoch:
+        tags[1003] = (4, struct.pack(">i", epoch))
+    index, data = b"", b""
+    for tag, (typ, payload) in sorted(tags.items()):
+        if typ == 4:
+            data += b"\0" * (-len(data) % 4)  # rpm rejects unaligned INT32 data
+        index += struct.pack(">IIiI", tag, typ, len(data), 1)
+        data += payload
+    return struct.pack(">II", len(tags), len(data)) + index + data
+
+
+def make_hash_db(path: Path, records: dict[bytes, bytes], *, pagesize: int = 4096) -> Path:
+    """A Berkeley DB hash database written by libdb's own ``db5.3_load``."""
+    lines = ["VERSION=3", "format=bytevalue", "type=hash", f"db_pagesize={pagesize}", "HEADER=END"]
+    for key, value in records.items():
+        lines += [" " + key.hex(), " " + value.hex()]
+    lines.append("DATA=END")
+    subprocess.run(["db5.3_load", str(path)], input="\n".join(lines) + "\n", text=True, check=True, capture_output=True)
+    return path

@@ -86,3 +86,12 @@ def test_cli_modules_import_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_oval_export(debian_images: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "defs.xml"
+    res = runner.invoke(app, ["oval", str(debian_images["qcow2"]), "--db", str(_db(tmp_path)), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert text.count('class="vulnerability"') == 24  # advisory x binary pairs for Debian 12 sources on the image
+    assert "<linux-def:name>openssh-server</linux-def:name>" in text and "DSA-0005-1" not in text  # Debian 11 left out

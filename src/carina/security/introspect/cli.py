@@ -127,6 +127,29 @@ def sbom(
         output.write_text(doc)
 
 
+@app.command()
+def oval(
+    image: Annotated[Path, typer.Argument(help="Disk image or root directory.")],
+    db: DbOpt = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="File (default: stdout).")] = None,
+) -> None:
+    """Write the image's Debian advisories as OVAL 5.11.2 definitions (for ``oscap oval eval``)."""
+    from carina.security.introspect.advisories import load_db
+    from carina.security.introspect.image import open_image
+    from carina.security.introspect.inventory import collect_inventory
+    from carina.security.introspect.oval import advisory_oval
+    from carina.security.introspect.scan import default_db_path
+
+    inv = collect_inventory(open_image(image))
+    doc, _ = advisory_oval(
+        load_db(db if db is not None else default_db_path()), inv.packages, os_version=inv.os.get("VERSION_ID", "")
+    )
+    if output is None:
+        typer.echo(doc)
+    else:
+        output.write_text(doc)
+
+
 @db_app.command("import")
 def db_import(
     sources: Annotated[list[Path], typer.Argument(help="OSV JSON files/dirs/zips and Debian tracker JSON.")],

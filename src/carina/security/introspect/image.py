@@ -21,6 +21,7 @@ from typing import Any
 
 from carina.core.errors import BackendUnavailable, ModelFormatError
 from carina.security.introspect.chains import QCOW2_MAGIC, BackingPolicy, open_chain
+from carina.security.introspect.mounts import MountTable, identify, match_device, parse_fstab, wanted
 
 __all__ = ["Entry", "ImageView", "open_image"]
 
@@ -47,6 +48,7 @@ class ImageView:
         max_entries: Most entries a walk visits before it stops and reports.
         warnings: What could not be read (the scan is partial when non-empty).
         volumes: Filesystem types found in the image, in order.
+        mounts: Filesystems mounted below the root by its ``/etc/fstab`` (mount point -> filesystem).
     """
 
     source: str
@@ -56,6 +58,7 @@ class ImageView:
     warnings: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
     host_root: str = ""
+    mounts: dict[str, Any] = field(default_factory=dict)
 
     def _escapes(self, path: str) -> bool:
         """For a plain root directory: does ``path`` resolve (through host symlinks) outside it?"""
@@ -73,7 +76,17 @@ class ImageView:
             self.warnings.append(msg)
 
     def _path(self, path: str) -> Any:
-        return self.root.path(path)
+        if not self.mounts:
+            return self.root.path(path)
+        table = MountTable(self.root, self.mounts)
+        fs, inner = table.locate(table.resolve(path))
+        return fs.path(inner)
+
+    def _entry(self, path: str) -> Any:
+        """The dissect entry at ``path`` (final symlink not followed)."""
+        if not self.mounts:
+            return self.root.get(path)
+        return MountTable(self.root, self.mounts).get(path, follow_last=False)
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists (following symlinks inside the image)."""
@@ -125,7 +138,7 @@ class ImageView:
     def lstat(self, path: str) -> Entry | None:
         """``lstat`` of ``path``, or None."""
         try:
-            st = self._path(path).lstat()
+            st = self._entry(path).lstat()
         except Exception:  # noqa: BLE001
             return None
         return Entry(path, int(st.st_mode), int(st.st_uid), int(st.st_gid), int(st.st_size))
@@ -137,7 +150,7 @@ class ImageView:
         once (resolving every child's full path would re-read its parents).
         """
         try:
-            stack = [(top, self.root.get(top))]
+            stack = [(top, self._entry(top))]
         except Exception as exc:  # noqa: BLE001
             self.warn(f"{top}: cannot walk ({type(exc).__name__})")
             return
@@ -151,7 +164,9 @@ class ImageView:
                 continue
             for child in children:
                 path = f"{folder.rstrip('/')}/{child.name}"
-                found = _child_stat(child, path)
+                mounted = self.mounts.get(path)
+                # A mounted filesystem's root hides the directory it is mounted on.
+                found = _root_stat(mounted, path, self) if mounted is not None else _child_stat(child, path)
                 if found is None:
                     continue
                 seen += 1
@@ -161,7 +176,7 @@ class ImageView:
                 yield found
                 if stat.S_ISDIR(found.mode) and path not in skip:
                     try:
-                        stack.append((path, child.get()))
+                        stack.append((path, mounted.get("/") if mounted is not None else child.get()))
                     except Exception as exc:  # noqa: BLE001
                         self.warn(f"{path}: cannot open ({type(exc).__name__})")
 
@@ -202,6 +217,15 @@ def _child_stat(child: Any, path: str) -> Entry | None:
     return Entry(path, int(st.st_mode), int(st.st_uid), int(st.st_gid), int(st.st_size))
 
 
+def _root_stat(fs: Any, path: str, view: ImageView) -> Entry | None:
+    try:
+        st = fs.get("/").lstat()
+    except Exception as exc:  # noqa: BLE001
+        view.warn(f"{path}: mounted filesystem unreadable ({type(exc).__name__})")
+        return None
+    return Entry(path, int(st.st_mode), int(st.st_uid), int(st.st_gid), int(st.st_size))
+
+
 def _is_qcow2(p: Path) -> bool:
     if not p.is_file():
         return False
@@ -238,6 +262,33 @@ def _root_of(filesystems: list[Any]) -> Any:
     return filesystems[0]
 
 
+def _assemble(view: ImageView, filesystems: list[Any]) -> None:
+    """Mount the filesystems the root's ``/etc/fstab`` names (parents before children)."""
+    text = view.read_text("/etc/fstab")
+    if text is None:
+        return
+    entries, errors = parse_fstab(text)
+    view.warnings.extend(f"/etc/fstab {e}" for e in errors)
+    others = []
+    for fs in filesystems:
+        if fs is view.root:
+            continue
+        try:
+            others.append((fs, identify(fs)))
+        except Exception as exc:  # noqa: BLE001  (a corrupt superblock: that filesystem is unnamed)
+            view.warn(f"cannot identify a {type(fs).__name__}: {type(exc).__name__}")
+    for entry in sorted(entries, key=lambda e: (wanted(e) or "").count("/")):
+        mount = wanted(entry)
+        if mount is None:
+            continue
+        found = [fs for fs, ident in others if match_device(entry.spec, ident)]
+        if len(found) != 1:
+            what = "not found in the image" if not found else f"matches {len(found)} filesystems"
+            view.warn(f"/etc/fstab line {entry.line}: {entry.spec} for {mount} {what}; its files are not read")
+            continue
+        view.mounts[mount] = found[0]
+
+
 def open_image(
     path: str | Path,
     *,
@@ -270,7 +321,7 @@ def open_image(
         raise ModelFormatError(f"cannot open image: {type(exc).__name__}: {exc}", file=str(p)) from exc
     if not volumes:
         raise ModelFormatError("no filesystem found in image (unknown or corrupt format)", file=str(p))
-    return ImageView(
+    view = ImageView(
         source=str(p),
         root=_root_of(filesystems),
         max_file_bytes=max_file_bytes,
@@ -278,3 +329,6 @@ def open_image(
         volumes=volumes,
         host_root=os.path.realpath(p) if p.is_dir() else "",
     )
+    if not p.is_dir():
+        _assemble(view, filesystems)
+    return view

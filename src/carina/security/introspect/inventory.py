@@ -16,6 +16,7 @@ from carina.security.introspect.packages import (
     Package,
     parse_apk_installed,
     parse_dpkg_status,
+    parse_rpm_bdb,
     parse_rpmdb,
 )
 from carina.security.introspect.sysconfig import (
@@ -29,6 +30,7 @@ from carina.security.introspect.sysconfig import (
 __all__ = ["Inventory", "collect_inventory"]
 
 _RPMDBS = ("/var/lib/rpm/rpmdb.sqlite", "/usr/lib/sysimage/rpm/rpmdb.sqlite")
+_RPM_BDB = "/var/lib/rpm/Packages"  # Berkeley DB hash, RHEL/CentOS <= 8
 _SITE_DIRS = ("/usr/lib", "/usr/local/lib")
 _NPM_DIRS = ("/usr/lib/node_modules", "/usr/local/lib/node_modules")
 _TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -125,6 +127,10 @@ def _system_packages(view: ImageView) -> list[Package]:
             copy.write_bytes(blob)
             pkgs += _guarded(view, path, lambda c=copy, p=path: parse_rpmdb(str(c), where=p))
         break
+    else:
+        bdb = view.read_bytes(_RPM_BDB)
+        if bdb is not None:
+            pkgs += _guarded(view, _RPM_BDB, lambda b=bdb: parse_rpm_bdb(b, where=_RPM_BDB, on_error=view.warn))
     return pkgs
 
 

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import sqlite3
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from carina.core.errors import ModelFormatError
 
-__all__ = ["Package", "parse_apk_installed", "parse_deb822", "parse_dpkg_status", "parse_rpm_header", "parse_rpmdb"]
+__all__ = [
+    "Package",
+    "parse_apk_installed",
+    "parse_deb822",
+    "parse_dpkg_status",
+    "parse_rpm_bdb",
+    "parse_rpm_header",
+    "parse_rpmdb",
+]
 
 #: Longest field value or record a database may hold before it is called hostile.
 MAX_FIELD = 1 << 20
@@ -206,23 +215,53 @@ def parse_rpmdb(path: str, *, where: str = "/var/lib/rpm/rpmdb.sqlite") -> list[
             con.close()
     except sqlite3.DatabaseError as exc:
         raise ModelFormatError(f"not an rpm sqlite database: {exc}", file=where) from exc
+    return [p for hnum, blob in rows if (p := _rpm_package(bytes(blob), f"{where}#{hnum}")) is not None]
+
+
+def _rpm_package(blob: bytes, location: str) -> Package | None:
+    tags = parse_rpm_header(blob, where=location)
+    if "name" not in tags or "version" not in tags:
+        return None  # gpg-pubkey pseudo-packages have names; truly empty headers are skipped
+    evr = tags["version"] + (f"-{tags['release']}" if tags.get("release") else "")
+    if tags.get("epoch", "0") not in ("", "0"):
+        evr = f"{tags['epoch']}:{evr}"
+    return Package(
+        name=tags["name"],
+        version=evr,
+        kind="rpm",
+        arch=tags.get("arch", ""),
+        source=_source_name(tags["sourcerpm"]) if tags.get("sourcerpm") else tags["name"],
+        source_version=evr,
+        location=location,
+    )
+
+
+def parse_rpm_bdb(
+    data: bytes, *, where: str = "/var/lib/rpm/Packages", on_error: Callable[[str], None] | None = None
+) -> list[Package]:
+    """Packages of an rpm Berkeley DB ``Packages`` file (RHEL/CentOS <= 8), from its bytes.
+
+    Key 0 (rpm's bookkeeping record) is skipped; every other value is a header.
+    With ``on_error``, a broken page or header is reported there and skipped
+    (the rest is still read); without, it raises.
+
+    Raises:
+        ModelFormatError: The file is not a hash database, or (without ``on_error``) breaks the format.
+    """
+    from carina.security.introspect.bdb import read_hash_db
+
     out = []
-    for hnum, blob in rows:
-        tags = parse_rpm_header(bytes(blob), where=f"{where}#{hnum}")
-        if "name" not in tags or "version" not in tags:
-            continue  # gpg-pubkey pseudo-packages have names; truly empty headers are skipped
-        evr = tags["version"] + (f"-{tags['release']}" if tags.get("release") else "")
-        if tags.get("epoch", "0") not in ("", "0"):
-            evr = f"{tags['epoch']}:{evr}"
-        out.append(
-            Package(
-                name=tags["name"],
-                version=evr,
-                kind="rpm",
-                arch=tags.get("arch", ""),
-                source=_source_name(tags["sourcerpm"]) if tags.get("sourcerpm") else tags["name"],
-                source_version=evr,
-                location=f"{where}#{hnum}",
-            )
-        )
+    for key, value in read_hash_db(data, where=where, on_error=on_error):
+        hnum = int.from_bytes(key, "little") if len(key) == 4 else -1
+        if hnum == 0:
+            continue
+        try:
+            pkg = _rpm_package(value, f"{where}#{hnum}")
+        except ModelFormatError as exc:
+            if on_error is None:
+                raise
+            on_error(str(exc))
+            continue
+        if pkg is not None:
+            out.append(pkg)
     return out
