@@ -3,7 +3,8 @@
 Each :class:`ParamGroup` (a block, or the parameters outside blocks) owns
 three flat buffers: the float32 master weights and the float32 gradients in
 host RAM, and the device buffer in the compute dtype whose storage is freed
-whenever the group is not resident. The module's parameters become views of
+whenever the group is not resident. A block the plan lets accumulate its
+gradients on the device also owns a float32 device accumulator. The module's parameters become views of
 the device buffer, so freeing and refilling that one storage makes them (and
 every view autograd saved of them) empty or valid again. A host copy in the
 compute dtype feeds the device; it is the master itself when both are float32.
@@ -80,7 +81,12 @@ class ParamGroup:
     grads_seen: int = 0
     has_grad: bool = False
     stepped: bool = False
-    pending: list[cf.Future[Any]] = field(default_factory=list)
+    pending: list[cf.Future[Any]] = field(default_factory=list)  # every CPU task queued for the group
+    updates: list[cf.Future[Any]] = field(default_factory=list)  # the tasks that rewrite its host copy
+    acc: torch.Tensor | None = None  # float32 flat, device: gradients summed over micro-batches (planned)
+    acc_count: int = 0  # micro-batches summed in ``acc`` and not shipped yet
+    acc_event: Any = None  # the copy shipping ``acc`` to the host (``acc`` is reused after it)
+    grad_mode: str = "host"  # this backward: "host" (staging), "acc" (add on device) or "ship" (add, send sum)
     act_bytes: int = 0
     fwd_s: float = 0.0
 
