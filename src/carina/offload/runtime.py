@@ -61,7 +61,7 @@ class OffloadRuntime:
         self.mover = Mover(self.device)
         self.head = HeadWorkspace(self.device)  # before carina allocates anything on the device
         self.worker = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-optim")
-        self.groups = build_groups(_partition(model, blocks), store, compute_dtype)
+        self.groups, self.pinned_bytes = build_groups(_partition(model, blocks), store, compute_dtype)
         self.blocks = self.groups[:-1]
         self.rest = self.groups[-1]
         self.owner = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
