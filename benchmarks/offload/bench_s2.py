@@ -43,17 +43,19 @@ GiB = 1 << 30
 
 
 class HostWatch:
-    """Samples the machine's used RAM (MemTotal - MemAvailable) and this process's peak RSS."""
+    """Samples the machine's used RAM (MemTotal - MemAvailable) and this process's RSS every 0.25 s."""
 
     def __init__(self) -> None:
-        self.base = self.used()
+        self.base = self.meminfo()
         self.peak = self.base
+        self.rss_peak = self.rss()
+        self.marked: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     @staticmethod
-    def used() -> int:
+    def meminfo() -> int:
         info = {}
         with open("/proc/meminfo") as f:
             for line in f:
@@ -61,15 +63,31 @@ class HostWatch:
                 info[key] = int(value.split()[0]) * 1024
         return info["MemTotal"] - info["MemAvailable"]
 
+    @staticmethod
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
     def _run(self) -> None:
         while not self._stop.wait(0.25):
-            self.peak = max(self.peak, self.used())
+            self.peak = max(self.peak, self.meminfo())
+            self.rss_peak = max(self.rss_peak, self.rss())
+
+    def mark(self) -> None:
+        """Report the peaks so far and restart them (e.g. before the timed steps)."""
+        self.marked = {"machine_used_peak_setup": self.peak, "process_rss_peak_setup": self.rss_peak}
+        self.peak, self.rss_peak = self.meminfo(), self.rss()
 
     def report(self) -> dict[str, int]:
         self._stop.set()
         return {
             "machine_used_before": self.base,
-            "machine_used_peak": max(self.peak, self.used()),
+            **self.marked,
+            "machine_used_peak": max(self.peak, self.meminfo()),
+            "process_rss_peak_sampled": max(self.rss_peak, self.rss()),
             "process_rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         }
 
@@ -221,6 +239,7 @@ def phase_carina(args: argparse.Namespace) -> None:
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     handle.store.reset_peaks()
+    watch.mark()  # from here: the planned steps
     loop(step, 1, dev)
     moved0 = dict(handle.stats().moved)
     times = loop(step, args.steps, dev)

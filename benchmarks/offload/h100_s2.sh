@@ -33,6 +33,7 @@ START=$(date +%s)
 if [ "${DEVICE:-cuda}" = cpu ]; then   # tiny sizes: proves every phase and the report
   COMMON="--device cpu --model tiny --layers 4 --truncate 2,4 --seq 64 --micro 2 --cap 0 --host-budget 0 --adam-probe 1048576 --tag tiny"
   T8=256; T32=1024; NOTAX="--model tiny --layers 4"
+  export OMP_NUM_THREADS=1   # a shared CPU box: one intra-op thread keeps timings sane
   CAPS=(60 90 90 60 90); NOTAX_MIN=30
 else
   COMMON="--model llama2-7b --layers 16 --seq 2048 --micro 4 --cap 24 --host-budget 110 --tag 7b16l"

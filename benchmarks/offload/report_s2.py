@@ -66,8 +66,8 @@ def _host(run: dict[str, Any]) -> dict[str, Any]:
     host = dict(run.get("host", {}))
     planned = ((run.get("plan") or {}).get("bytes") or {}).get("host")
     host["planned_host_bytes"] = planned
-    if planned:
-        host["rss_over_planned"] = host.get("process_rss_peak", 0) / planned
+    if planned:  # RSS of the planned steps (setup peaks, e.g. the model's init copy, are reported apart)
+        host["rss_over_planned"] = host.get("process_rss_peak_sampled", 0) / planned
     return host
 
 
@@ -95,7 +95,7 @@ def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], f
                ceiling=tokens / ideal_s if ideal_s else None,
                ceiling_source=IDEAL_HOW.format(trunc="/".join(map(str, fit["layers"]))) if fit else "", peers=peers),
         Figure(name="tflops", value=6 * run["params"] * tokens / run["step_s"] / 1e12, unit="TFLOP/s"),
-        Figure(name="peak_host_rss", value=run["host"]["process_rss_peak"], unit="B", higher_is_better=False),
+        Figure(name="peak_host_rss", value=run["host"]["process_rss_peak_sampled"], unit="B", higher_is_better=False),
     ]  # fmt: skip
     pred = ((run.get("plan") or {}).get("predicted_s") or {}).get("step")
     if pred:
@@ -105,7 +105,9 @@ def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], f
         "fsdp2_cpu_offload": fsdp,
         "ideal_step_s": ideal_s,
         "ideal_fit": fit,
-        "ideal_full_7b_32_layers_step_s": ideal_step(fit, 32, 6_738_415_616, run["accum"])[1] if fit else None,
+        "ideal_full_7b_32_layers_step_s": (
+            ideal_step(fit, 32, 6_738_415_616, run["accum"])[1] if fit and args.model == "llama2-7b" else None
+        ),
         "roofline_terms_s": terms,
         "roofline_step_s": max(terms.values()) if terms else None,
         "fraction_of_ideal": ideal_s / run["step_s"] if ideal_s else None,
@@ -118,7 +120,7 @@ def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], f
     fr = metrics["fraction_of_ideal"]
     rf = metrics["fraction_of_roofline"]
     fs = f"{peers['fsdp2_cpu_offload']:.0f}" if "fsdp2_cpu_offload" in peers else "-"
-    host = run["host"]["process_rss_peak"] / 1e9
+    host = run["host"]["process_rss_peak_sampled"] / 1e9
     return (f"| carina {args.tag} | {tokens} | {run['tokens_per_s']:.0f} | {_pct(fr)} | {_pct(rf)} | {fs} | "
             f"{host:.1f} GB |")  # fmt: skip
 
@@ -150,8 +152,11 @@ _NOTES = (
     "tokens/s = tokens per optimizer step / median step time after carina's 2 profiling steps and 1 warm-up step. "
     "Ideal and roofline are defined in the figure's ceiling_source and metrics.roofline_terms_s; the roofline "
     "uses carina's own bytes moved per step at the measured pinned bandwidths, the CPU AdamW rate measured on "
-    "this machine (fused, all threads) and the ideal's forward+backward time. Host memory: process_rss_peak "
-    "(getrusage) and machine_used_peak (MemTotal - MemAvailable, sampled every 0.25 s) in metrics.host_memory."
+    "this machine (fused, all threads) and the ideal's forward+backward time. Host memory (metrics.host_memory): "
+    "process_rss_peak_sampled = this process's VmRSS peak over the planned steps, *_setup = peaks before them "
+    "(model init copy, wrap, profiling), machine_used_peak = MemTotal - MemAvailable (sampled every 0.25 s; "
+    "it counts pinned memory whichever way the driver maps it), planned_host_bytes = the plan's host bytes; "
+    "metrics.carina.pinned_slab_bytes = carina's pinned slabs."
 )
 
 
@@ -184,7 +189,7 @@ def report(args: Any) -> None:
     rates = ideal.get("rates", {})
     fit = ideal_model(ideal) if ideal else None
     lines = [
-        "| system | tokens/step | tokens/s | of ideal | of roofline | FSDP2 tokens/s | host RSS peak |",
+        "| system | tokens/step | tokens/s | of ideal | of roofline | FSDP2 tokens/s | host RSS (planned steps) |",
         "|---|---|---|---|---|---|---|",
     ]
     for tokens in args.report_tokens:
