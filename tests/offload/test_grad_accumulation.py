@@ -128,3 +128,34 @@ def test_accumulators_never_make_an_impossible_budget_fit():
     with pytest.raises(CapacityError) as err:
         make_plan(_prof(4), PlanBudgets(device=100 * MiB, host=None), HW)
     assert err.value.context["tier"] == "device" and floor.device_peak > 100 * MiB
+
+
+def test_forward_does_not_wait_for_gradient_adds_still_queued_on_the_cpu():
+    import threading
+
+    from offload_fixtures import token_batches
+
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = co.Config(device="cpu", device_budget=1_300_000, grad_accumulation=2, accumulate_on_device=False)
+    model, opt = co.wrap(model, cfg, optimizer=opt)
+    train_losses(model, opt, 2, accum=2)  # the profiling steps
+    rt = co.handle_of(model).runtime
+    gate = threading.Event()
+    rt.worker.submit(gate.wait)  # the CPU worker is busy: every add queued from now on waits
+    ids = token_batches(1)[0]
+    (model(input_ids=ids, labels=ids).loss / 2).backward()  # micro-batch 1: its adds are queued
+    assert any(g.pending for g in rt.blocks) and not any(g.updates for g in rt.blocks)
+    done = threading.Event()
+
+    def forward() -> None:
+        with torch.no_grad():  # fetches every block's weights
+            model(input_ids=ids)
+        done.set()
+
+    threading.Thread(target=forward, daemon=True).start()
+    finished = done.wait(timeout=120)  # a liveness check: waiting for the gated adds would never finish
+    gate.set()
+    assert finished
+    opt.step()
+    opt.zero_grad()
