@@ -350,6 +350,19 @@ class OffloadRuntime:
                 self.store.uncharge(Tier.DEVICE, g.acc.numel() * g.acc.element_size())
                 g.acc = None
         self.profiling = False
+        self._release_pinned_cache()
+
+    def _release_pinned_cache(self) -> None:
+        """Give PyTorch's cached pinned blocks back (profiling swapped every block's activations).
+
+        PyTorch keeps freed pinned host blocks cached for reuse; after the profiling steps
+        that cache holds every block's swapped activations, more host RAM than the plan
+        may need again. ``torch._C._host_emptyCache`` is private: skipped where absent.
+        """
+        empty = getattr(torch._C, "_host_emptyCache", None)
+        if self.mover.cuda and empty is not None:
+            torch.cuda.synchronize(self.device)
+            empty()
 
     def close(self) -> None:
         """Remove the hooks, restore block forwards and stop the worker."""
