@@ -40,3 +40,24 @@ def test_pinned_arena_on_cuda():
     assert arena.pinned
     t = arena.alloc((1024,), dtype=torch.float32)
     assert t.is_pinned()
+
+
+def _bf16_accumulated(on_device: bool):
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    cfg = co.Config(device="cuda", compute_dtype="bfloat16", grad_accumulation=3, accumulate_on_device=on_device)
+    model, opt = co.wrap(model, cfg, optimizer=opt)
+    losses = train_losses(model, opt, 4, accum=3, device="cuda")
+    handle = co.handle_of(model)
+    assert handle.plan.counts()["grad_on_device"] == (4 if on_device else 0)
+    assert all(g.master.is_pinned() and g.grad.is_pinned() for g in handle.runtime.groups)
+    return losses, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_cuda_device_accumulators_match_host_accumulation_bitwise():
+    # bf16 gradients summed in float32: on the device or on the host, the same arithmetic in the same order
+    on, state_on = _bf16_accumulated(True)
+    off, state_off = _bf16_accumulated(False)
+    assert on == off
+    for name, value in state_off.items():
+        assert torch.equal(state_on[name], value), name

@@ -61,6 +61,18 @@ def test_offload_plan_for_7b_in_24gb_and_what_does_not_fit():
     assert json.loads(res.stdout)["blocks"]["state_on_nvme"] > 0
 
 
+def test_offload_plan_with_micro_batches_plans_device_accumulators():
+    base = ["offload", "plan", "--model", "llama-1b", "--device-budget", "7.6GiB", "--h2d-gbps", "54.5",
+            "--d2h-gbps", "54.6", "--optim-gparams", "2.2", "--json"]  # fmt: skip
+    one = json.loads(runner.invoke(app, base).stdout)
+    four = json.loads(runner.invoke(app, [*base, "--micro-batches", "4"]).stdout)
+    assert one["blocks"]["grad_on_device"] == 0 and four["blocks"]["grad_on_device"] > 0
+    assert four["bytes"]["device_peak"] <= int(7.6 * (1 << 30))
+    # four micro-batches: four forward+backward passes of compute, the optimizer once
+    assert four["predicted_s"]["compute"] > 3.5 * one["predicted_s"]["compute"]
+    assert runner.invoke(app, [*base, "--micro-batches", "0"]).exit_code == 2
+
+
 def test_presets_listed():
     res = runner.invoke(app, ["offload", "presets", "--json"])
     assert res.exit_code == 0

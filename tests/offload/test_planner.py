@@ -33,12 +33,14 @@ def problems(draw):
         other_act_bytes=draw(st.integers(0, 64)) * MiB,
         other_fwd_s=draw(st.floats(0, 0.1)),
         copy_bytes_per_param=draw(st.sampled_from([2, 4])),
+        micro_batches=draw(st.integers(1, 4)),
     )
     hw = Hardware(
         h2d=draw(st.floats(1e9, 60e9)),
         d2h=draw(st.floats(1e9, 60e9)),
         optim=draw(st.floats(1e8, 6e9)),
         disk=draw(st.floats(1e8, 3e9)),
+        grad_add=draw(st.floats(5e8, 8e9)),
     )
     budgets = PlanBudgets(
         device=draw(st.integers(16, 4096)) * MiB,
@@ -74,7 +76,9 @@ def test_plan_fits_budgets_and_never_computes_before_prefetch(problem):
     assert time.predicted >= time.compute - 1e-9
     if policy != "plan":
         assert all(b.activation is Action(policy) for b in plan.blocks)
-    assert [e.kind for e in events].count("bwd") == len(prof.blocks)
+    assert [e.kind for e in events].count("bwd") == len(prof.blocks) * prof.micro_batches
+    if prof.micro_batches == 1:
+        assert plan.counts()["grad_on_device"] == 0
 
 
 def _simple(n=8, act=64 * MiB):

@@ -3,7 +3,8 @@
 Each :class:`ParamGroup` (a block, or the parameters outside blocks) owns
 three flat buffers: the float32 master weights and the float32 gradients in
 host RAM, and the device buffer in the compute dtype whose storage is freed
-whenever the group is not resident. The module's parameters become views of
+whenever the group is not resident. A block the plan lets accumulate its
+gradients on the device also owns a float32 device accumulator. The module's parameters become views of
 the device buffer, so freeing and refilling that one storage makes them (and
 every view autograd saved of them) empty or valid again. A host copy in the
 compute dtype feeds the device; it is the master itself when both are float32.
@@ -12,6 +13,7 @@ compute dtype feeds the device; it is the master itself when both are float32.
 from __future__ import annotations
 
 import concurrent.futures as cf
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +82,12 @@ class ParamGroup:
     grads_seen: int = 0
     has_grad: bool = False
     stepped: bool = False
-    pending: list[cf.Future[Any]] = field(default_factory=list)
+    pending: list[cf.Future[Any]] = field(default_factory=list)  # every CPU task queued for the group
+    updates: list[cf.Future[Any]] = field(default_factory=list)  # the tasks that rewrite its host copy
+    acc: torch.Tensor | None = None  # float32 flat, device: gradients summed over micro-batches (planned)
+    acc_count: int = 0  # micro-batches summed in ``acc`` and not shipped yet
+    acc_event: Any = None  # the copy shipping ``acc`` to the host (``acc`` is reused after it)
+    grad_mode: str = "host"  # this backward: "host" (staging), "acc" (add on device) or "ship" (add, send sum)
     act_bytes: int = 0
     fwd_s: float = 0.0
 
@@ -99,25 +106,44 @@ class ParamGroup:
         return slice(self.offsets[i], self.offsets[i] + self.params[i].numel())
 
 
+HostAlloc = Callable[[tuple[int, ...], torch.dtype, str], torch.Tensor]
+
+
 def build_groups(
     named: list[tuple[str, nn.Module | None, list[nn.Parameter]]],
     store: TensorStore,
     compute_dtype: torch.dtype | None,
-) -> list[ParamGroup]:
+) -> tuple[list[ParamGroup], int]:
     """Move each group's parameters into flat host masters and device views (charged to ``store``).
 
     Groups with a module (the blocks) start released: their device storage is
     freed right after the views are made. The group without one stays resident.
+    With pinned host memory the buffers are carved from power-of-two slabs
+    (:mod:`carina.offload.hostmem`). Returns the groups and the pinned bytes reserved.
     """
+    from carina.offload.hostmem import PinnedSlabs, slab_size
+
+    sizes = []
+    for _, _, params in named:
+        numel = sum(p.numel() for p in params)
+        item = torch.empty((), dtype=compute_dtype or (params[0].dtype if params else torch.float32)).element_size()
+        sizes += [4 * numel, 4 * numel, item * numel] + ([item * numel] if item != 4 else [])
+    slabs = PinnedSlabs(store, slab_size(sizes)) if store.pinned else None
+
+    def host(shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
+        if slabs is not None:
+            return slabs.empty(shape, dtype, what)
+        return store.empty(shape, dtype, Tier.HOST, what)
+
     groups = []
     for i, (name, mod, params) in enumerate(named):
-        group = _build(i, name, mod, params, store=store, compute_dtype=compute_dtype)
+        group = _build(i, name, mod, params, store=store, compute_dtype=compute_dtype, host=host)
         if mod is not None:
             release_device(group, store)
         else:
             group.resident = True
         groups.append(group)
-    return groups
+    return groups, slabs.reserved if slabs is not None else 0
 
 
 def release_device(group: ParamGroup, store: TensorStore) -> None:
@@ -144,6 +170,7 @@ def _build(
     *,
     store: TensorStore,
     compute_dtype: torch.dtype | None,
+    host: HostAlloc,
 ) -> ParamGroup:
     dtype = compute_dtype or (params[0].dtype if params else torch.float32)
     for p in params:
@@ -153,11 +180,11 @@ def _build(
     for p in params:
         offsets.append(total)
         total += p.numel()
-    master = store.empty((total,), torch.float32, Tier.HOST, f"{name} masters")
-    grad = store.empty((total,), torch.float32, Tier.HOST, f"{name} gradients")
+    master = host((total,), torch.float32, f"{name} masters")
+    grad = host((total,), torch.float32, f"{name} gradients")
     grad.zero_()
-    staging = store.empty((total,), dtype, Tier.HOST, f"{name} gradient staging")
-    host_copy = master if dtype == torch.float32 else store.empty((total,), dtype, Tier.HOST, f"{name} copy")
+    staging = host((total,), dtype, f"{name} gradient staging")
+    host_copy = master if dtype == torch.float32 else host((total,), dtype, f"{name} copy")
     device = store.empty((total,), dtype, Tier.DEVICE, f"{name} parameters")
     group = ParamGroup(index, name, module, params, offsets, master, grad, staging, host_copy, device)
     with torch.no_grad():

@@ -15,6 +15,7 @@ def plan(
         str, typer.Option(help="Preset (tiny, demo, llama-1b, llama2-7b, ...) or JSON file.")
     ] = "llama2-7b",
     tokens: Annotated[int, typer.Option(help="Tokens per micro-batch.")] = 8192,
+    micro_batches: Annotated[int, typer.Option(help="Micro-batches per optimizer step (accumulation).")] = 1,
     seq_len: Annotated[int, typer.Option(help="Sequence length.")] = 2048,
     device_budget: Annotated[str, typer.Option(help="Device memory budget, e.g. 24GB.")] = "24GB",
     host_budget: Annotated[str | None, typer.Option(help="Host RAM budget (default unlimited).")] = None,
@@ -27,12 +28,15 @@ def plan(
     d2h_gbps: Annotated[float, typer.Option(help="Device-to-host GB/s.")] = 25.0,
     optim_gparams: Annotated[float, typer.Option(help="CPU optimizer Gparam/s.")] = 2.0,
     disk_gbps: Annotated[float, typer.Option(help="NVMe GB/s.")] = 1.5,
+    grad_add_gelems: Annotated[float, typer.Option(help="CPU gradient-accumulation Gelem/s.")] = 3.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Plan a model from its shape (modeled): bytes per tier, predicted step split, bottleneck.
 
     A configuration that cannot fit exits with status 2 and says what would fit.
     """
+    from dataclasses import replace
+
     from carina.core.errors import CarinaError, ConfigError
     from carina.core.progress import console, emit_json, print_table
     from carina.memory.tiers import format_bytes, parse_bytes
@@ -49,11 +53,14 @@ def plan(
             )
         except ValueError as exc:
             raise ConfigError(str(exc), key="budget") from None
+        if micro_batches < 1:
+            raise ConfigError("micro_batches must be >= 1", key="micro_batches")
         if activations not in ("plan", "keep", "swap", "recompute"):
             raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
         cfg = model_config(model)
-        prof = estimate_profile(cfg, ShapeEstimate(tokens, seq_len, tflops, dtype_bytes))
-        hw = nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps)
+        prof = replace(estimate_profile(cfg, ShapeEstimate(tokens, seq_len, tflops, dtype_bytes)),
+                       micro_batches=micro_batches)  # fmt: skip
+        hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9)
         result = make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth)
     except CarinaError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
@@ -64,11 +71,13 @@ def plan(
         return
     t = result.time
     out = console()
-    out.print(f"[bold]{model}[/]: {param_count(cfg) / 1e9:.2f}B parameters, {tokens} tokens per micro-batch (modeled)")
+    out.print(f"[bold]{model}[/]: {param_count(cfg) / 1e9:.2f}B parameters, {micro_batches} x {tokens} tokens per "
+              "step (modeled)")  # fmt: skip
     counts = result.counts()
     out.print(
         f"blocks: {counts['streamed']} streamed, {counts['resident']} resident; activations keep {counts['keep']}"
-        f" / swap {counts['swap']} / recompute {counts['recompute']}; optimizer state on NVMe {counts['state_on_nvme']}"
+        f" / swap {counts['swap']} / recompute {counts['recompute']}; optimizer state on NVMe"
+        f" {counts['state_on_nvme']}; gradients accumulated on the device {counts['grad_on_device']}"
     )
     rows = [
         {"tier": "device", "bytes": format_bytes(result.device_peak), "budget": format_bytes(budgets.device or 0)},

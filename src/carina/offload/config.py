@@ -71,6 +71,10 @@ class OffloadConfig(Config):
         compute_dtype: Parameter dtype on the device; masters and optimizer state are float32.
         max_grad_norm: Global-norm clipping over all (offloaded) gradients; None = off.
         grad_accumulation: Backward passes per optimizer step (the last one may overlap the update).
+        accumulate_on_device: With ``grad_accumulation > 1``, let the planner keep blocks' float32
+            gradient sums on the device across micro-batches where the budget allows (only the
+            final sum crosses PCIe; the CPU adds nothing). False: every micro-batch's gradients
+            go to host staging and the CPU worker adds them.
         overlap: When the CPU optimizer runs, see :class:`OverlapMode`.
         blocks: Dotted names of the repeated blocks; empty = found automatically.
         h2d_gbps: Host-to-device bandwidth for the plan (0 = measure).
@@ -103,6 +107,7 @@ class OffloadConfig(Config):
     compute_dtype: ComputeDtype = ComputeDtype.AUTO
     max_grad_norm: float | None = None
     grad_accumulation: int = 1
+    accumulate_on_device: bool = True
     overlap: OverlapMode = OverlapMode.AUTO
     blocks: list[str] = field(default_factory=list)
     h2d_gbps: float = 0.0

@@ -5,8 +5,10 @@ bytes, forward time), :class:`PlanBudgets` and :class:`Hardware` (measured
 bandwidths and CPU optimizer throughput), :func:`make_plan` decides for every
 block whether its parameters stay on the device or stream in
 ``prefetch_depth`` blocks ahead of use, whether its activations are kept,
-swapped to host RAM or recomputed, and whether its optimizer state lives in
-host RAM or spills to NVMe. Every candidate is replayed by
+swapped to host RAM or recomputed, whether its gradients accumulate over
+micro-batches in a float32 device buffer (only its final sum crosses PCIe)
+or on the host, and whether its optimizer state lives in host RAM or spills
+to NVMe. Every candidate is replayed by
 :func:`~carina.offload.simulator.simulate`; a choice is accepted only when its
 simulated device peak and host bytes fit their budgets and its simulated step
 is no slower (Ratel's traffic-aware rule: relieve the busiest resource). A
@@ -59,6 +61,7 @@ class Plan:
         out["resident"] = sum(b.resident for b in self.blocks)
         out["streamed"] = len(self.blocks) - out["resident"]
         out["state_on_nvme"] = sum(b.state_on_nvme for b in self.blocks)
+        out["grad_on_device"] = sum(b.grad_on_device for b in self.blocks)
         return out
 
     def summary(self) -> dict[str, object]:
@@ -176,10 +179,18 @@ def make_plan(
             budget=budgets.device,
             head_workspace=prof.head_workspace_bytes or None,
         )
-    if fixed is None:
-        blocks = _improve_activations(problem, blocks)
-    blocks = _improve_residency(problem, blocks)
-    return problem.finish(tuple(blocks))
+    plans = []
+    for grads_first in (False, True) if prof.micro_batches > 1 else (False,):
+        trial = [*blocks]
+        if grads_first:
+            trial = _improve_grad_accumulation(problem, trial)
+        if fixed is None:
+            trial = _improve_activations(problem, trial)
+        if not grads_first:
+            trial = _improve_grad_accumulation(problem, trial)
+        plans.append(problem.finish(tuple(_improve_residency(problem, trial))))
+    # device memory goes first where it relieves the bottleneck: the faster of the two orders
+    return min(plans, key=lambda plan: plan.time.predicted)
 
 
 def _head_note(problem: _Problem, blocks: list[BlockPlan], floor: int) -> str:
@@ -208,6 +219,26 @@ def _improve_activations(problem: _Problem, blocks: list[BlockPlan]) -> list[Blo
             got = problem.accept(trial, best)
             if got is not None:
                 blocks, best = trial, got
+    return blocks
+
+
+def _improve_grad_accumulation(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
+    """Greedy: with several micro-batches, accumulate gradients on the device where memory allows.
+
+    A block that accumulates on the device holds a float32 gradient buffer (4 bytes per
+    parameter) for the whole step; in exchange its micro-batches send nothing to the host
+    and the CPU worker never adds them, only the final float32 sum crosses PCIe. Blocks
+    are tried from the last (first in backward), whose host staging is reused soonest.
+    """
+    if problem.prof.micro_batches < 2:
+        return blocks
+    best = problem.step_time(blocks)
+    for i in reversed(range(len(blocks))):
+        trial = [*blocks]
+        trial[i] = replace(blocks[i], grad_on_device=True)
+        got = problem.accept(trial, best)
+        if got is not None:
+            blocks, best = trial, got
     return blocks
 
 

@@ -35,6 +35,7 @@ def model_profile(
     head_workspace_bytes: int = 0,
     state_bytes: int = 8,
     steps: int = 1,
+    micro_batches: int = 1,
 ) -> ModelProfile:
     """The planner's view of the model from the groups' recorded sizes and times.
 
@@ -47,6 +48,7 @@ def model_profile(
             :mod:`carina.offload.workspace`.
         state_bytes: Optimizer state bytes per parameter.
         steps: Forward passes the times were summed over.
+        micro_batches: Backward passes per optimizer step (gradient accumulation).
     """
     dtype = blocks[0].device.dtype if blocks else torch.float32
     item = torch.empty((), dtype=dtype).element_size()
@@ -63,6 +65,7 @@ def model_profile(
         state_bytes_per_param=state_bytes,
         copy_bytes_per_param=copy,
         head_workspace_bytes=max(0, head_workspace_bytes),
+        micro_batches=micro_batches,
     )
 
 
@@ -119,4 +122,17 @@ def measure_hardware(device: torch.device, cfg: OffloadConfig, optimizer: torch.
         d2h = d2h or _copy_rate(dev, host, cuda)
     optim = cfg.cpu_optimizer_gparams * 1e9 or _optimizer_rate(optimizer)
     disk = cfg.disk_gbps * 1e9 or _DEFAULT_DISK
-    return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk)
+    add = _grad_add_rate(torch.bfloat16 if cuda else torch.float32) if cfg.grad_accumulation > 1 else 4e9
+    return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk, grad_add=add)
+
+
+def _grad_add_rate(staging: torch.dtype, numel: int = 1 << 23) -> float:
+    """Elements/s of folding a staged gradient into a float32 host gradient (host accumulation)."""
+    acc = torch.zeros(numel)
+    src = torch.ones(numel, dtype=staging)
+    acc.add_(src)
+    reps = 3
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        acc.add_(src)
+    return reps * numel / max(time.perf_counter() - t0, 1e-9)

@@ -61,7 +61,7 @@ class OffloadRuntime:
         self.mover = Mover(self.device)
         self.head = HeadWorkspace(self.device)  # before carina allocates anything on the device
         self.worker = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-optim")
-        self.groups = build_groups(_partition(model, blocks), store, compute_dtype)
+        self.groups, self.pinned_bytes = build_groups(_partition(model, blocks), store, compute_dtype)
         self.blocks = self.groups[:-1]
         self.rest = self.groups[-1]
         self.owner = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
@@ -183,10 +183,17 @@ class OffloadRuntime:
         for fut in g.pending:
             fut.result()
         g.pending.clear()
+        g.updates.clear()
+
+    def wait_params(self, g: ParamGroup) -> None:
+        """Block until queued updates of ``g``'s master weights are done (gradient adds may go on)."""
+        for fut in g.updates:
+            fut.result()
+        g.updates.clear()
 
     def prefetch(self, g: ParamGroup) -> None:
         """Start copying ``g``'s (updated) parameters to the device, if they are not there."""
-        self.wait_updates(g)
+        self.wait_params(g)
         if g.on_device and not g.stale:
             return
         restore_device(g, self.store)
@@ -223,13 +230,34 @@ class OffloadRuntime:
         p.grad = None
         assert grad is not None
         if g.grads_seen == 0:
-            self.wait_updates(g)  # the staging buffer is free again
+            g.grad_mode = self._grad_mode(g)
+            self.wait_updates(g)  # the staging buffer (and the host gradient) are free again
+            self.mover.wait_on_compute(g.acc_event)  # the accumulator's last shipment has left
+            g.acc_event = None
             g.events = []
-        g.events.append(self.mover.to_host(g.staging[g.slot(i)], grad.reshape(-1)))
-        self.store.note_move(Tier.DEVICE, Tier.HOST, grad.numel() * grad.element_size())
+        flat = grad.reshape(-1)
+        if g.grad_mode == "host":
+            g.events.append(self.mover.to_host(g.staging[g.slot(i)], flat))
+            self.store.note_move(Tier.DEVICE, Tier.HOST, grad.numel() * grad.element_size())
+        else:
+            assert g.acc is not None
+            acc = g.acc[g.slot(i)]
+            if g.acc_count == 0:
+                acc.copy_(flat)  # exactly what the host path does with the first micro-batch
+            else:
+                acc.add_(flat)
+            if g.grad_mode == "ship":
+                g.events.append(self.mover.to_host(g.grad[g.slot(i)], acc))
+                self.store.note_move(Tier.DEVICE, Tier.HOST, acc.numel() * acc.element_size())
         g.grads_seen += 1
         if g.grads_seen == len(g.params):
             self._grads_done(g)
+
+    def _grad_mode(self, g: ParamGroup) -> str:
+        """Where this backward's gradients of ``g`` go: host staging, the device accumulator, or out of it."""
+        if g.acc is None or g.has_grad:
+            return "host"
+        return "ship" if self.micro % self.cfg.grad_accumulation == 0 else "acc"
 
     def overlap_now(self) -> bool:
         """Whether a block may be updated during this backward (exact and allowed)."""
@@ -242,20 +270,31 @@ class OffloadRuntime:
 
     def _grads_done(self, g: ParamGroup) -> None:
         events, g.events, g.grads_seen = g.events, [], 0
-        accumulate, g.has_grad = g.has_grad, True
-        eager = self.overlap_now()
-        g.pending.append(self.worker.submit(self._consume, g, events, accumulate, eager))
+        if g.grad_mode == "acc":
+            g.acc_count += 1  # nothing leaves the device until the last micro-batch
+        else:
+            if g.grad_mode == "ship":
+                how, g.acc_count = "none", 0
+                g.acc_event = events[-1] if events else None  # the D2H stream runs in order
+            else:
+                how = "add" if g.has_grad else "copy"
+            g.has_grad = True
+            eager = self.overlap_now()
+            fut = self.worker.submit(self._consume, g, events, how, eager)
+            g.pending.append(fut)
+            if eager:
+                g.updates.append(fut)
         if g.module is not None:
             if not g.resident:
                 self._release(g)
             self.acts.block_done(g.index)
 
-    def _consume(self, g: ParamGroup, events: list[Any], accumulate: bool, eager: bool) -> None:
+    def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool) -> None:
         for event in events:
             self.mover.wait_on_host(event)
-        if accumulate:
+        if how == "add":
             g.grad.add_(g.staging)
-        else:
+        elif how == "copy":
             g.grad.copy_(g.staging)
         if eager:
             self.step_group(g)
@@ -268,11 +307,26 @@ class OffloadRuntime:
             if g.grads_seen:  # some parameters got no gradient this backward
                 self._grads_done(g)
                 self.wait_updates(g)
+            self.flush_accumulator(g)
         for g in self.blocks:
             if not g.resident and g.on_device and g.index < len(self.blocks) - 1:
                 self._release(g)
         self.acts.clear()
         self._entered.clear()
+
+    def flush_accumulator(self, g: ParamGroup) -> None:
+        """Ship a device accumulator that still holds micro-batches (a step came early) to the host."""
+        if g.acc is None or not g.acc_count:
+            return
+        self.mover.wait_on_compute(g.acc_event)
+        g.grad.copy_(g.acc)  # a blocking copy after the compute stream's adds
+        self.store.note_move(Tier.DEVICE, Tier.HOST, g.acc.numel() * g.acc.element_size())
+        g.acc_count, g.acc_event, g.has_grad = 0, None, True
+
+    def discard_accumulators(self) -> None:
+        """Forget gradients summed on the device (``zero_grad``)."""
+        for g in self.blocks:
+            g.acc_count = 0
 
     def reset_timings(self) -> None:
         """Forget forward times recorded so far (keeps activation sizes)."""
@@ -281,14 +335,34 @@ class OffloadRuntime:
         self.fwd_total = 0.0
         self.fwd_count = 0
 
-    def apply(self, actions: list[Action], resident: list[bool]) -> None:
-        """Switch to a plan's per-block activation actions and residency."""
+    def apply(self, actions: list[Action], resident: list[bool], grad_on_device: list[bool]) -> None:
+        """Switch to a plan's per-block activation actions, residency and gradient accumulators."""
         self.actions = list(actions)
         for g, keep in zip(self.blocks, resident, strict=True):
             g.resident = keep
             if not keep and g.on_device and g.index < len(self.blocks) - 1:
                 self._release(g)
+        for g, on_device in zip(self.blocks, grad_on_device, strict=True):
+            if on_device and g.acc is None:
+                g.acc = self.store.empty((g.numel,), torch.float32, Tier.DEVICE, f"{g.name} gradient accumulator")
+            elif not on_device and g.acc is not None:
+                self.flush_accumulator(g)
+                self.store.uncharge(Tier.DEVICE, g.acc.numel() * g.acc.element_size())
+                g.acc = None
         self.profiling = False
+        self._release_pinned_cache()
+
+    def _release_pinned_cache(self) -> None:
+        """Give PyTorch's cached pinned blocks back (profiling swapped every block's activations).
+
+        PyTorch keeps freed pinned host blocks cached for reuse; after the profiling steps
+        that cache holds every block's swapped activations, more host RAM than the plan
+        may need again. ``torch._C._host_emptyCache`` is private: skipped where absent.
+        """
+        empty = getattr(torch._C, "_host_emptyCache", None)
+        if self.mover.cuda and empty is not None:
+            torch.cuda.synchronize(self.device)
+            empty()
 
     def close(self) -> None:
         """Remove the hooks, restore block forwards and stop the worker."""

@@ -189,7 +189,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if rt.profiling and new_plan is None:
             rt.reset_timings()  # only the last profiled step's times count (the first pays warm-up)
         if new_plan is not None:
-            rt.apply([b.activation for b in new_plan.blocks], [b.resident for b in new_plan.blocks])
+            rt.apply(
+                [b.activation for b in new_plan.blocks],
+                [b.resident for b in new_plan.blocks],
+                [b.grad_on_device for b in new_plan.blocks],
+            )
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -197,6 +201,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for g in self.rt.groups:
             self.rt.wait_updates(g)
             g.has_grad = False
+        self.rt.discard_accumulators()
 
     # -- planning ------------------------------------------------------------------------------
     def make_plan(self) -> Plan:
@@ -212,6 +217,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             other_fwd_s=(rt.fwd_total - sum(g.fwd_s for g in rt.blocks)) / count,
             state_bytes=self.state_bytes,
             steps=count,
+            micro_batches=self.cfg.grad_accumulation if self.cfg.accumulate_on_device else 1,
         )
         prof = replace(prof, head_workspace_bytes=rt.head.workspace(self._profiled_head(prof)))
         self.profile = prof

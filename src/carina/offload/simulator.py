@@ -76,6 +76,7 @@ class ModelProfile:
     copy_bytes_per_param: int = 0  # host gradient staging + compute copy, in the compute dtype
     bwd_over_fwd: float = 2.0
     head_workspace_bytes: int = 0
+    micro_batches: int = 1  # backward passes per optimizer step (gradient accumulation)
 
     @property
     def numel(self) -> int:
@@ -85,12 +86,17 @@ class ModelProfile:
 
 @dataclass(frozen=True)
 class Hardware:
-    """Measured rates: bytes/s each way over PCIe, parameters/s of the CPU optimizer, disk bytes/s."""
+    """Measured rates: bytes/s each way over PCIe, parameters/s of the CPU optimizer, disk bytes/s.
+
+    ``grad_add`` is the CPU's rate (elements/s) of folding one micro-batch's staged
+    gradient into the float32 host gradient (gradient accumulation on the host).
+    """
 
     h2d: float
     d2h: float
     optim: float
     disk: float
+    grad_add: float = 4e9
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,7 @@ class BlockPlan:
     resident: bool = False
     activation: Action = Action.RECOMPUTE
     state_on_nvme: bool = False
+    grad_on_device: bool = False  # accumulate gradients over micro-batches in a float32 device buffer
 
 
 @dataclass(frozen=True)
@@ -153,15 +160,25 @@ def _grads_live(prof: ModelProfile, i: int) -> int:
 
 
 class _Timeline:
-    """Clocks of the compute stream, both links and the optimizer worker, plus per-resource totals."""
+    """Clocks of the compute stream, both links and the CPU worker, plus per-resource totals.
 
-    def __init__(self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int):
-        self.blocks, self.prof, self.hw, self.depth = blocks, prof, hw, depth
+    The CPU worker is one FIFO thread: it folds each non-final micro-batch's
+    gradients into the host float32 gradient (``grad_add``) and updates blocks
+    (during backward when ``overlap``, else after it); its time counts as
+    ``cpu_optimizer``. Blocks accumulating on the device skip both the add and
+    the per-micro-batch copy, and ship their float32 sum once.
+    """
+
+    def __init__(self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool):
+        self.blocks, self.prof, self.hw, self.depth, self.overlap = blocks, prof, hw, depth, overlap
         self.now = self.h2d = self.d2h = self.optim = 0.0
         self.ready = [0.0 if p.resident else -1.0 for p in blocks]
         self.totals = dict.fromkeys(("compute", "h2d", "d2h", "cpu_optimizer", "disk"), 0.0)
         self.events: list[SimEvent] = []
-        self.opts: list[tuple[float, float]] = []  # (gradients ready, optimizer seconds)
+        self.deferred: list[tuple[float, float]] = []  # (gradients ready, update seconds) run after backward
+        self.staging_free = [0.0] * (len(blocks) + 1)  # when each group's host staging buffer is free again
+        self.acc = sum(4 * b.numel for b, p in zip(prof.blocks, blocks, strict=True) if p.grad_on_device)
+        self.final = True
 
     def fetch_window(self, i: int, forward: bool) -> None:
         for j in _window(i, len(self.blocks), self.depth, forward):
@@ -176,7 +193,7 @@ class _Timeline:
         start = max(self.now, ready, after)
         self.now = start + dur
         self.totals["compute"] += dur
-        self.events.append(SimEvent(kind, i, device_bytes, start, self.now, ready))
+        self.events.append(SimEvent(kind, i, device_bytes + self.acc, start, self.now, ready))
 
     def send_d2h(self, nbytes: int) -> float:
         dt = nbytes / self.hw.d2h
@@ -184,8 +201,31 @@ class _Timeline:
         self.totals["d2h"] += dt
         return self.d2h
 
+    def cpu(self, ready: float, seconds: float, update: bool) -> float:
+        """Queue CPU work; returns when it ends (updates without overlap wait for the end of backward)."""
+        self.totals["cpu_optimizer"] += seconds
+        if update and not self.overlap:
+            self.deferred.append((ready, seconds))
+            return 0.0
+        self.optim = max(self.optim, ready) + seconds
+        return self.optim
+
+    def gradients(self, k: int, numel: int, nbytes: int, on_device: bool, extra: float = 0.0) -> None:
+        """Group ``k``'s gradients are final for this micro-batch: copy/add them, or update at the end."""
+        if on_device and not self.final:
+            return  # added into the device accumulator on the compute stream
+        ready = self.send_d2h(numel * 4 if on_device else nbytes)
+        if self.final:
+            add = 0.0 if on_device or self.prof.micro_batches == 1 else numel / self.hw.grad_add
+            self.cpu(ready, add + numel / self.hw.optim + extra, update=True)
+            self.totals["disk"] += extra
+            self.totals["cpu_optimizer"] -= extra
+        else:
+            self.staging_free[k] = self.cpu(ready, numel / self.hw.grad_add, update=False)
+
     def forward(self) -> None:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
+        self.ready = [r if p.resident else -1.0 for r, p in zip(self.ready, blocks, strict=True)]
         for i in range(n):
             self.fetch_window(i, True)
             live = _params_live(prof, blocks, _window(i, n, self.depth, True)) + _acts_live(prof, blocks, i, True)
@@ -200,9 +240,8 @@ class _Timeline:
         if n and not blocks[-1].resident:
             live += prof.blocks[-1].param_bytes  # the last block stays on the device for backward
         live += prof.head_workspace_bytes
-        self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live)
-        self.opts.append((self.send_d2h(prof.resident_param_bytes), prof.resident_numel / self.hw.optim))
-        self.totals["cpu_optimizer"] += prof.resident_numel / self.hw.optim
+        self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live, self.staging_free[n])
+        self.gradients(n, prof.resident_numel, prof.resident_param_bytes, False)
 
     def backward(self) -> None:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
@@ -222,21 +261,24 @@ class _Timeline:
                 + prof.other_act_bytes
                 + _grads_live(prof, i)
             )
-            self.run("bwd", i, dur, live, act_ready)
-            cpu = prof.blocks[i].numel / self.hw.optim
+            staged = 0.0 if blocks[i].grad_on_device else self.staging_free[i] - dur  # the grad hook waits
+            self.run("bwd", i, dur, live, max(act_ready, staged))
             disk = (
                 2 * prof.blocks[i].numel * prof.state_bytes_per_param / self.hw.disk if blocks[i].state_on_nvme else 0.0
             )
-            self.totals["cpu_optimizer"] += cpu
-            self.totals["disk"] += disk
-            self.opts.append((self.send_d2h(prof.blocks[i].param_bytes), cpu + disk))
+            b = prof.blocks[i]
+            self.gradients(i, b.numel, b.param_bytes, blocks[i].grad_on_device, disk)
 
-    def optimizer_end(self, overlap: bool) -> float:
-        if not overlap:
-            return max(self.now, self.d2h) + sum(s for _, s in self.opts)
-        for ready, seconds in self.opts:
-            self.optim = max(self.optim, ready) + seconds
-        return self.optim
+    def step(self) -> float:
+        """Play every micro-batch of the step; returns when the last update ends."""
+        for m in range(self.prof.micro_batches):
+            self.final = m == self.prof.micro_batches - 1
+            self.forward()
+            self.backward()
+        end = max(self.now, self.d2h)
+        for ready, seconds in self.deferred:
+            end = max(end, ready) + seconds
+        return max(end, self.optim)
 
 
 def simulate(
@@ -254,10 +296,8 @@ def simulate(
     Returns:
         The compute events (live device bytes, times) and the predicted step time.
     """
-    tl = _Timeline(blocks, prof, hw, depth)
-    tl.forward()
-    tl.backward()
-    step = max(tl.now, tl.d2h, tl.optimizer_end(overlap))
+    tl = _Timeline(blocks, prof, hw, depth, overlap)
+    step = tl.step()
     bottleneck = max(tl.totals, key=lambda k: tl.totals[k])
     return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck)
 

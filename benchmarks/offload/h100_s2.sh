@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# S2 on one H100: a 7B-shape Llama (hidden 4096, MLP 11008, 32 heads, vocab 32000; 16 of its 32 layers,
+# 3.50B parameters: the largest depth whose host state fits 125 GB of RAM, see below) under a 24 GiB GPU
+# cap at 8k and 32k tokens/step with carina.offload, the unlimited-memory ideal (layer truncation) and
+# the roofline, FSDP2 CPUOffloadPolicy at 8k as the peer, and, if time is left, the 3B "no tax" row.
+#
+#   OUT=<dir> bash benchmarks/offload/h100_s2.sh                 # H100: records in $OUT/offload/
+#   DEVICE=cpu OUT=/tmp/offload_out bash benchmarks/offload/h100_s2.sh   # tiny sizes, proves the script
+#
+# HARD TIME BUDGET: 420 s in total (BUDGET). Every step runs under `timeout`; a step gets at most its
+# own cap and never more than what is left of the budget minus the report's reserve; a step that
+# cannot get its minimum is skipped and its row says so.
+# Why 16 layers: carina keeps 20 B/param in host RAM (fp32 master 4, fp32 grad 4, bf16 staging 2,
+# bf16 copy 2, AdamW 8), so the full 6.74B model needs 135 GB (+ activations swapped while profiling)
+# > 125 GB; it would have to spill >= 35 GB of optimizer state to the ~1.5 GB/s disk (>= 47 s of disk
+# traffic per step), which this budget cannot hold. 16 layers: 70 GB of state + ~25 GB of swapped
+# activations during profiling. The ideal is also extrapolated to the full 32 layers in each record.
+set -uo pipefail
+BUDGET=${BUDGET:-420}
+RESERVE=25          # seconds kept for the report
+OUT=${OUT:?set OUT}
+DIR="$OUT/offload"
+WORK=${WORK:-/tmp/carina_s2_work}
+mkdir -p "$DIR" "$WORK"
+rm -f "$WORK"/*.json
+LOG="$DIR/s2.log"
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
+PY=${PY:-python3}
+if [ "${DEVICE:-cuda}" = cpu ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
+B="$PY benchmarks/offload/bench_s2.py"
+START=$(date +%s)
+
+if [ "${DEVICE:-cuda}" = cpu ]; then   # tiny sizes: proves every phase and the report
+  COMMON="--device cpu --model tiny --layers 4 --truncate 2,4 --seq 64 --micro 2 --cap 0 --host-budget 0 --adam-probe 1048576 --tag tiny"
+  T8=256; T32=1024; NOTAX="--model tiny --layers 4"
+  export OMP_NUM_THREADS=1   # a shared CPU box: one intra-op thread keeps timings sane
+  CAPS=(60 90 90 60 90); NOTAX_MIN=30
+else
+  COMMON="--model llama2-7b --layers 16 --seq 2048 --micro 4 --cap 24 --host-budget 110 --tag 7b16l"
+  T8=8192; T32=32768; NOTAX="--model llama-3b --layers 26 --micro 1"
+  CAPS=(60 150 150 90 120); NOTAX_MIN=100   # ideal, carina 8k, carina 32k, fsdp2 8k, 3B no tax
+fi
+
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+step() {  # step NAME CAP MIN cmd...
+  local name=$1 cap=$2 min=$3; shift 3
+  local avail=$(( $(left) - RESERVE - 5 ))
+  local t=$(( cap < avail ? cap : avail ))
+  if (( t < min )); then
+    echo "== $name: skipped ($avail s left of the budget, needs >= $min)" | tee -a "$LOG"; return
+  fi
+  echo "== $name: timeout $t s (at +$(( $(date +%s) - START )) s)" | tee -a "$LOG"
+  local t0=$(date +%s)
+  timeout -k 5 "$t" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
+}
+
+{ echo "== machine"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null; free -g; df -h /tmp | tail -1; nproc; } >>"$LOG" 2>&1
+step ideal        "${CAPS[0]}" 20 $B ideal  --work "$WORK" $COMMON
+step carina_8k    "${CAPS[1]}" 60 $B carina --work "$WORK" $COMMON --tokens $T8 --steps 3
+step carina_32k   "${CAPS[2]}" 60 $B carina --work "$WORK" $COMMON --tokens $T32 --steps 2
+[ "${DEVICE:-cuda}" != cpu ] && step fsdp2_8k "${CAPS[3]}" 45 $B fsdp2 --work "$WORK" $COMMON --tokens $T8 --steps 2
+step notax_3b     "${CAPS[4]}" "$NOTAX_MIN" $B notax --work "$WORK" $COMMON $NOTAX --tokens $T8 --steps 3
+# the report always runs, inside the reserve
+timeout -k 5 $(( RESERVE - 5 )) $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens $T8,$T32 --tokens $T8 >>"$LOG" 2>&1 \
+  || echo "== report failed (rc=$?)" | tee -a "$LOG"
+echo "== total $(( $(date +%s) - START )) s of the $BUDGET s budget" | tee -a "$LOG"
+ls "$DIR"
+cat "$DIR/summary.md" 2>/dev/null

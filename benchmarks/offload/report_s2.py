@@ -1,0 +1,202 @@
+"""Records and a summary table from what the S2 phases left (see bench_s2.py).
+
+A phase that timed out or failed left no JSON (or one with ``error``): its row says so.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from carina.core.bench import Basis, Figure, make_record, write_record
+
+IDEAL_HOW = (
+    "plain PyTorch with unlimited memory (fp32 weights, bf16 autocast, fused GPU AdamW, no checkpointing), "
+    "measured in this run at {trunc} layers of the same shape; per micro-batch time fitted as a + b*layers, "
+    "plus the measured GPU optimizer time per parameter (layer truncation: the full model does not fit one GPU "
+    "with fp32 AdamW states)"
+)
+
+
+def _load(work: Path, name: str) -> dict[str, Any] | None:
+    path = work / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def ideal_model(ideal: dict[str, Any]) -> dict[str, float] | None:
+    """``a``, ``b`` (s per micro-batch and per layer) and the optimizer's s/param from the truncations."""
+    points = sorted((int(k), v) for k, v in ideal.items() if k.isdigit())
+    if len(points) < 2:
+        return None
+    (l1, p1), (l2, p2) = points[0], points[-1]
+    t1, t2 = statistics.median(p1["fb_s"]), statistics.median(p2["fb_s"])
+    b = (t2 - t1) / (l2 - l1)
+    return {
+        "a": t1 - b * l1,
+        "b": b,
+        "opt_per_param": statistics.median(p2["opt_s"]) / p2["params"],
+        "layers": [l1, l2],
+    }
+
+
+def ideal_step(fit: dict[str, float], layers: int, params: int, micro_batches: int) -> tuple[float, float]:
+    """(forward+backward seconds, whole step seconds) of the ideal."""
+    fb = micro_batches * (fit["a"] + fit["b"] * layers)
+    return fb, fb + fit["opt_per_param"] * params
+
+
+def roofline(run: dict[str, Any], rates: dict[str, float], compute_s: float) -> dict[str, float]:
+    """Lower bounds on the step: compute, each PCIe direction with carina's bytes, CPU AdamW, disk."""
+    moved = run.get("moved_per_step", {})
+    terms = {"compute": compute_s, "cpu_adamw": run["params"] / rates["cpu_adamw_params_per_s"]}
+    if "h2d_gbps" in rates:
+        terms["h2d"] = moved.get("host->device", 0) / (rates["h2d_gbps"] * 1e9)
+        terms["d2h"] = moved.get("device->host", 0) / (rates["d2h_gbps"] * 1e9)
+    hw = run.get("hardware") or {}
+    nvme = moved.get("host->nvme", 0) + moved.get("nvme->host", 0)
+    if nvme:
+        terms["disk"] = nvme / hw.get("disk", 1.5e9)
+    return terms
+
+
+def _host(run: dict[str, Any]) -> dict[str, Any]:
+    host = dict(run.get("host", {}))
+    planned = ((run.get("plan") or {}).get("bytes") or {}).get("host")
+    host["planned_host_bytes"] = planned
+    if planned:  # RSS of the planned steps (setup peaks, e.g. the model's init copy, are reported apart)
+        host["rss_over_planned"] = host.get("process_rss_peak_sampled", 0) / planned
+    return host
+
+
+def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], fit: dict[str, float] | None) -> str:
+    run = _load(work, f"carina_{tokens}")
+    fsdp = _load(work, f"fsdp2_{tokens}")
+    name = f"offload_s2_{args.tag}_{_label(tokens)}"
+    if run is None or "error" in run:
+        why = (run or {}).get("error", "the phase left no result (timed out or crashed: see s2.log)")
+        rec = make_record(name=name, figures=[Figure(name="tokens_per_s", value=0.0, unit="tokens/s")],
+                          config=_config(args, tokens), metrics={"status": "failed", "reason": why})  # fmt: skip
+        write_record(rec, directory=Path(args.out))
+        return f"| carina {args.tag} | {tokens} | failed: {why[:60]} | | | | |"
+    peers: dict[str, float] = {}
+    ideal_s = fb_s = None
+    terms: dict[str, float] = {}
+    if fit is not None:
+        fb_s, ideal_s = ideal_step(fit, run["layers"], run["params"], run["accum"])
+        terms = roofline(run, rates, fb_s)
+        peers["roofline (max of compute, PCIe, CPU AdamW, disk)"] = tokens / max(terms.values())
+    if fsdp is not None:
+        peers["fsdp2_cpu_offload"] = fsdp.get("tokens_per_s", 0.0)
+    figs = [
+        Figure(name="tokens_per_s", value=run["tokens_per_s"], unit="tokens/s",
+               ceiling=tokens / ideal_s if ideal_s else None,
+               ceiling_source=IDEAL_HOW.format(trunc="/".join(map(str, fit["layers"]))) if fit else "", peers=peers),
+        Figure(name="tflops", value=6 * run["params"] * tokens / run["step_s"] / 1e12, unit="TFLOP/s"),
+        Figure(name="peak_host_rss", value=run["host"]["process_rss_peak_sampled"], unit="B", higher_is_better=False),
+    ]  # fmt: skip
+    pred = ((run.get("plan") or {}).get("predicted_s") or {}).get("step")
+    if pred:
+        figs.append(Figure(name="predicted_step_s", value=pred, unit="s", higher_is_better=False, basis=Basis.MODELED))
+    metrics = {
+        "carina": run,
+        "fsdp2_cpu_offload": fsdp,
+        "ideal_step_s": ideal_s,
+        "ideal_fit": fit,
+        "ideal_full_7b_32_layers_step_s": (
+            ideal_step(fit, 32, 6_738_415_616, run["accum"])[1] if fit and args.model == "llama2-7b" else None
+        ),
+        "roofline_terms_s": terms,
+        "roofline_step_s": max(terms.values()) if terms else None,
+        "fraction_of_ideal": ideal_s / run["step_s"] if ideal_s else None,
+        "fraction_of_roofline": max(terms.values()) / run["step_s"] if terms else None,
+        "host_memory": _host(run),
+        "rates": rates,
+    }
+    rec = make_record(name=name, figures=figs, config=_config(args, tokens, run), metrics=metrics, notes=_NOTES)
+    write_record(rec, directory=Path(args.out))
+    fr = metrics["fraction_of_ideal"]
+    rf = metrics["fraction_of_roofline"]
+    fs = f"{peers['fsdp2_cpu_offload']:.0f}" if "fsdp2_cpu_offload" in peers else "-"
+    host = run["host"]["process_rss_peak_sampled"] / 1e9
+    return (f"| carina {args.tag} | {tokens} | {run['tokens_per_s']:.0f} | {_pct(fr)} | {_pct(rf)} | {fs} | "
+            f"{host:.1f} GB |")  # fmt: skip
+
+
+def _label(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens >= 1024 else f"{tokens}tok"
+
+
+def _pct(x: float | None) -> str:
+    return f"{100 * x:.0f}%" if x else "-"
+
+
+def _config(args: Any, tokens: int, run: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "model": args.model,
+        "layers": args.layers,
+        "params": (run or {}).get("params"),
+        "tokens_per_step": tokens,
+        "seq": args.seq,
+        "micro_batch_sequences": args.micro,
+        "gpu_cap_gib": args.cap,
+        "carina_device_budget": "90% of the cap",
+        "host_budget_gb": args.host_budget,
+        "init": "seeded float32 random init on the GPU, moved to the host",
+    }
+
+
+_NOTES = (
+    "tokens/s = tokens per optimizer step / median step time after carina's 2 profiling steps and 1 warm-up step. "
+    "Ideal and roofline are defined in the figure's ceiling_source and metrics.roofline_terms_s; the roofline "
+    "uses carina's own bytes moved per step at the measured pinned bandwidths, the CPU AdamW rate measured on "
+    "this machine (fused, all threads) and the ideal's forward+backward time. Host memory (metrics.host_memory): "
+    "process_rss_peak_sampled = this process's VmRSS peak over the planned steps, *_setup = peaks before them "
+    "(model init copy, wrap, profiling), machine_used_peak = MemTotal - MemAvailable (sampled every 0.25 s; "
+    "it counts pinned memory whichever way the driver maps it), planned_host_bytes = the plan's host bytes; "
+    "metrics.carina.pinned_slab_bytes = carina's pinned slabs."
+)
+
+
+def notax_record(args: Any, work: Path, tokens: int) -> str:
+    plain = _load(work, f"notax_plain_{tokens}")
+    run = _load(work, f"notax_carina_{tokens}")
+    model = "llama-3b" if args.model != "tiny" else "tiny"
+    name = f"offload_s2_{model.removeprefix('llama-')}_notax_{_label(tokens)}"
+    if run is None or plain is None or "error" in run:
+        why = "phase did not finish (budget or failure: see s2.log)" if run is None else run.get("error", "")
+        return f"| carina 3B no budget | {tokens} | {why} | | | | |"
+    peers = {"plain": plain["tokens_per_s"]} if "tokens_per_s" in plain else {}
+    fig = Figure(name="tokens_per_s", value=run["tokens_per_s"], unit="tokens/s",
+                 ceiling=plain.get("tokens_per_s"), ceiling_source="plain PyTorch, everything on the GPU, same "
+                 "micro-batches, measured in the same process", peers=peers)  # fmt: skip
+    micro = run["tokens"] // (run["accum"] * args.seq)
+    cfg = {**_config(args, tokens, run), "model": model, "layers": run["layers"], "micro_batch_sequences": micro}
+    cfg.update(gpu_cap_gib=None, carina_device_budget="none (the whole GPU)")
+    metrics = {"carina": run, "plain": plain, "host_memory": _host(run)}
+    write_record(make_record(name=name, figures=[fig], config=cfg, metrics=metrics, notes=_NOTES),
+                 directory=Path(args.out))  # fmt: skip
+    ratio = run["tokens_per_s"] / plain["tokens_per_s"] if "tokens_per_s" in plain else None
+    return f"| carina 3B no budget | {tokens} | {run['tokens_per_s']:.0f} | {_pct(ratio)} of plain | | | |"
+
+
+def report(args: Any) -> None:
+    work, out = Path(args.work), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ideal = _load(work, "ideal") or {}
+    rates = ideal.get("rates", {})
+    fit = ideal_model(ideal) if ideal else None
+    lines = [
+        "| system | tokens/step | tokens/s | of ideal | of roofline | FSDP2 tokens/s | host RSS (planned steps) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tokens in args.report_tokens:
+        lines.append(carina_record(args, work, tokens, rates, fit))
+    if _load(work, f"notax_carina_{args.tokens}") or _load(work, f"notax_plain_{args.tokens}"):
+        lines.append(notax_record(args, work, args.tokens))
+    table = "\n".join(lines)
+    (out / "summary.md").write_text(table + "\n")
+    print(table)
+    sys.stdout.flush()
