@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "load_shard",
     "read_manifest",
     "select",
+    "select_shards",
     "verify",
 ]
 
@@ -171,20 +173,40 @@ def select(root: str, rank: int = 0, step: int | None = None) -> LoadedShard:
         CheckpointError: No committed checkpoint exists, or ``step`` is missing.
         CorruptCheckpoint: ``step`` was named and fails verification.
     """
+    manifest, shards = select_shards(root, lambda _m: {rank}, step)
+    return LoadedShard(manifest, rank, shards[rank])
+
+
+def select_shards(
+    root: str, ranks: Callable[[Manifest], set[int]], step: int | None = None
+) -> tuple[Manifest, dict[int, dict[str, Any]]]:
+    """Load and verify the shards ``ranks(manifest)`` names of the newest good checkpoint.
+
+    A checkpoint is good when every shard asked for verifies; otherwise the
+    next older one is tried (with a warning), unless ``step`` names it.
+
+    Raises:
+        CheckpointError: No committed checkpoint exists, or ``step`` is missing.
+        CorruptCheckpoint: ``step`` was named and fails verification.
+    """
+
+    def load(path: str) -> tuple[Manifest, dict[int, dict[str, Any]]]:
+        manifest = read_manifest(path)
+        return manifest, {r: load_shard(path, manifest, r).tensors for r in sorted(ranks(manifest))}
+
     if step is not None:
         path = os.path.join(root, step_dir_name(step))
         if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
             raise CheckpointError(f"no committed checkpoint for step {step}", path=root)
-        return load_shard(path, read_manifest(path), rank)
+        return load(path)
     hint = latest_hint(root)
     candidates = sorted(committed_steps(root), reverse=True)
     if hint is not None and hint in candidates:
         candidates.remove(hint)
         candidates.insert(0, hint)
     for cand in candidates:
-        path = os.path.join(root, step_dir_name(cand))
         try:
-            return load_shard(path, read_manifest(path), rank)
+            return load(os.path.join(root, step_dir_name(cand)))
         except CorruptCheckpoint as exc:
-            warnings.warn(f"skipping corrupt checkpoint: {exc}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"skipping corrupt checkpoint: {exc}", RuntimeWarning, stacklevel=3)
     raise CheckpointError("no committed, verified checkpoint found", path=root)
