@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from carina.ckpt.commit import LATEST, committed_steps, step_dir_name
-from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, parse_manifest
+from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, TensorEntry, parse_manifest
 from carina.core.errors import CarinaError, CheckpointError, CorruptCheckpoint
 
 __all__ = [
@@ -106,7 +106,7 @@ def _read_file(path: str, size: int) -> Any:
     if actual != size:
         raise CorruptCheckpoint(f"shard is {actual} bytes, manifest says {size}", path=path)
     buf = aligned_buffer(max(size, 1))[:size]
-    chunk = 64 << 20
+    chunk = 8 << 20  # many requests in flight: 4x the bandwidth of 64 MiB ones on a virtio disk
     try:
         with IOEngine(IOConfig(direct=Direct.AUTO)) as eng:
             handle = eng.open(path, "r")
@@ -120,12 +120,26 @@ def _read_file(path: str, size: int) -> Any:
 
 
 def _check_bytes(buf: Any, shard: ShardEntry, path: str) -> None:
+    """Header and every tensor crc32; tensors are checked by a few threads (zlib releases the GIL)."""
     view = memoryview(buf)
     if zlib.crc32(view[: shard.data_start]) != shard.header_crc32:
         raise CorruptCheckpoint("shard header checksum mismatch", path=path, offset=0)
-    for t in shard.tensors:
+
+    def bad(t: TensorEntry) -> bool:
         start = shard.data_start + t.offset
-        if zlib.crc32(view[start : start + t.nbytes]) != t.crc32:
+        return zlib.crc32(view[start : start + t.nbytes]) != t.crc32
+
+    threads = min(8, os.cpu_count() or 1, max(1, sum(t.nbytes for t in shard.tensors) >> 26))
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="carina-ckpt-crc") as pool:
+            verdicts = list(pool.map(bad, shard.tensors))
+    else:
+        verdicts = [bad(t) for t in shard.tensors]
+    for t, wrong in zip(shard.tensors, verdicts, strict=True):
+        if wrong:
+            start = shard.data_start + t.offset
             raise CorruptCheckpoint(f"checksum mismatch in tensor {t.name!r}", path=path, offset=start, key=t.name)
 
 
