@@ -5,7 +5,7 @@
 # /dev/shm ~2.6 GB for the process writer (it records an error and the run goes on if /dev/shm is smaller).
 # Sized from the last run, whose 3e8-parameter stall step (3 reps, 3 writers, 3 peers) overran its limit:
 # 1e8 parameters (1.2 GB of fp32 params + AdamW moments, ~0.8 s to persist at 1.5 GB/s), 3 reps (medians over
-# saves 2..3), and bench_stall's --budget-s skips the methods left once 45 s have passed.
+# saves 2..3), and bench_stall's --budget-s skips the methods left once 40 s have passed.
 # Writes at most 3 files to $OUT/ckpt/: ckpt_stall_h100.json, ckpt_restore_h100.json, h100_s2.log.
 # Usage (repository root): OUT=<dir> bash benchmarks/ckpt/h100_s2.sh
 # Proof on a CPU machine with tiny sizes: DEVICE=cpu OUT=/tmp/ckpt_out bash benchmarks/ckpt/h100_s2.sh
@@ -41,7 +41,7 @@ step "machine" 5 bash -c "nvidia-smi --query-gpu=name,memory.total,memory.free -
 step "gpu tests (staging, writers, managed memory)" 35 \
   "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/ckpt/test_ckpt_gpu.py
 step "stall ($DEVICE, $PARAMS params, $REPS reps)" 70 \
-  "$PYTHON" benchmarks/ckpt/bench_stall.py --params "$PARAMS" --device "$DEVICE" --reps "$REPS" --budget-s 45 \
+  "$PYTHON" benchmarks/ckpt/bench_stall.py --params "$PARAMS" --device "$DEVICE" --reps "$REPS" --budget-s 40 \
   --dir "$WORK/stall" --name "ckpt_stall$SUFFIX"
 rm -rf "$WORK/stall"
 step "restore ($DEVICE, $PARAMS params, 2 reps)" 40 \

@@ -81,3 +81,37 @@ def test_manifest_global_fields_checked() -> None:
     del bad["shards"][1]["tensors"][0]["global_shape"]
     with pytest.raises(CorruptCheckpoint, match="global_shape"):
         parse_manifest(json.dumps(bad))
+
+
+def test_single_process_checkpoint_into_fsdp2(tmp_path: Path) -> None:
+    """A plain (unsharded) checkpoint restores into an FSDP2 model and a fresh optimizer (one gloo rank)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from carina.ckpt import Checkpointer, Config
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 2))
+    opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    plain(torch.randn(3, 8)).sum().backward()
+    opt.step()
+    with Checkpointer(Config(dir=str(tmp_path / "ck"), writer="sync")) as ckpt:
+        ckpt.save(1, {"model": plain, "optim": opt})
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Linear(6, 2))
+        fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+        fresh = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        assert (
+            Checkpointer(Config(dir=str(tmp_path / "ck"), writer="sync")).restore({"model": model, "optim": fresh}) == 1
+        )
+        for k, v in plain.state_dict().items():
+            assert torch.equal(model.state_dict()[k].full_tensor(), v), k
+        state = fresh.state_dict()["state"]
+        assert isinstance(state[0]["exp_avg"], DTensor)
+        assert torch.equal(state[0]["exp_avg"].full_tensor(), opt.state_dict()["state"][0]["exp_avg"])
+    finally:
+        dist.destroy_process_group()

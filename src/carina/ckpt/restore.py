@@ -111,7 +111,10 @@ def _plain(name: str, value: Any, chunks: Mapping[str, Chunk]) -> Any:
     """A rank-local saved tensor; a whole tensor saved for a DTensor target is cut to this rank's box."""
     target = chunks.get(name)
     if target is None:
-        return value
+        star = chunks.get(name.rpartition("/")[0] + "/*")  # a fresh optimizer: its parameter's placement
+        if star is None or star.global_shape != tuple(value.shape):
+            return value
+        target = star
     if tuple(value.shape) != target.global_shape:
         raise CheckpointError(
             f"tensor {name!r} was saved as a plain {tuple(value.shape)} tensor; the target is a "
