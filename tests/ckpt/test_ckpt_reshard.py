@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from ckpt_reshard_worker import worker
+from typer.testing import CliRunner
 
+from carina.ckpt.cli import app as cli_app
 from carina.ckpt.manifest import Manifest, ShardEntry, TensorEntry, parse_manifest
 from carina.ckpt.reshard import assemble, plan_reads
 from carina.core.errors import CheckpointError, CorruptCheckpoint
@@ -40,6 +42,10 @@ def test_save_4_restore_2_and_back(tmp_path: Path) -> None:
         0: ([1, 6], [0, 0]), 1: ([1, 6], [1, 0]), 2: ([1, 6], [2, 0]), 3: ([0, 6], [3, 0])
     }  # fmt: skip
     assert {t["global_shape"] == [3, 6] for t in pieces.values()} == {True}
+    res = CliRunner().invoke(cli_app, ["inspect", str(tmp_path / "ck4"), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = [r for r in json.loads(res.output)["tensors"] if r["name"] == "extras/grid"]
+    assert sorted(r["piece"] for r in rows) == [f"at [{r}, {c}] of [7, 5]" for r in (0, 4) for c in (0, 3)]
 
 
 def _manifest(boxes: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]) -> Manifest:
