@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -261,7 +262,10 @@ def main() -> None:
     copy_s = sync_copy_s(model, opt)
     print(f"state {nbytes / 1e9:.3f} GB, step {base * 1e3:.1f} ms, disk {ceiling_bw / 1e9:.2f} GB/s", file=sys.stderr)
     results: dict[str, dict[str, Any]] = {}
-    methods = [f"carina-{w}" for w in args.writers.split(",") if w] + [p for p in args.peers.split(",") if p]
+    ours = [f"carina-{w}" for w in args.writers.split(",") if w]
+    theirs = [p for p in args.peers.split(",") if p]
+    # Alternate carina writers and peers, so a --budget-s cut leaves both sides measured.
+    methods = [m for pair in zip_longest(ours, theirs) for m in pair if m]
     peers_cls = {"torch.save": TorchSave, "dcp.save": DcpSave, "dcp.async_save": DcpAsync}
     for i, name in enumerate(methods):
         if args.budget_s and time.perf_counter() - t_start > args.budget_s:

@@ -34,3 +34,34 @@ def test_cuda_snapshot_is_the_pre_step_state(tmp_path: Path, writer: str) -> Non
     for k, v in expected.items():
         assert torch.equal(fresh.state_dict()[k], v), k
     assert fresh[0].weight.is_cuda
+
+
+@pytest.mark.parametrize("writer", ["fork", "thread"])
+def test_managed_memory_state_round_trips(tmp_path: Path, writer: str) -> None:
+    from carina.ckpt.managed import is_managed, managed_empty
+    from carina.core.errors import CapacityError
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8)).cuda()
+    weight = managed_empty((1024, 1024), torch.float32)
+    weight.copy_(model[0].weight.data)
+    model[0].weight.data = weight  # 4 MiB of the trained state in unified memory
+    assert is_managed(model[0].weight) and not is_managed(model[1].weight)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(64, 1024, device="cuda")
+    model(x).square().mean().backward()
+    opt.step()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind(writer))) as ckpt:
+        ckpt.save(1, {"model": model, "optim": opt})
+        model(x).square().mean().backward()
+        opt.step()  # writes the managed weight once staging has copied it
+        ckpt.wait()
+        assert not torch.equal(model[0].weight, expected["0.weight"])
+        assert ckpt.restore({"model": model, "optim": opt}) == 1
+    for k, v in expected.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert model[0].weight.data_ptr() == weight.data_ptr() and is_managed(model[0].weight)  # restored in place
+    free = torch.cuda.mem_get_info()[0]
+    with pytest.raises(CapacityError):
+        managed_empty((free // 4 + (1 << 28),), torch.float32)  # refused before asking the driver

@@ -25,8 +25,8 @@ from carina.ckpt.commit import CommitJob
 from carina.ckpt.config import CheckpointConfig
 from carina.ckpt.rng import capture_rng, restore_rng
 from carina.ckpt.staging import Stager, host_arena
-from carina.ckpt.storage import CheckpointInfo, list_checkpoints, select
-from carina.ckpt.tree import flatten, unflatten
+from carina.ckpt.storage import CheckpointInfo, list_checkpoints
+from carina.ckpt.tree import flatten
 from carina.ckpt.writers import WriterKind, make_writer
 from carina.core.errors import CheckpointError
 
@@ -87,7 +87,8 @@ class Checkpointer:
         arena = self._free_arena()
         captured = {k: _state_of(v) for k, v in state.items()}
         captured[_RNG_KEY] = capture_rng()
-        tree, tensors = flatten(captured)
+        chunks: dict[str, Any] = {}
+        tree, tensors = flatten(captured, chunks=chunks)
         snap = self._stager.stage(tensors, arena, _guarded(state))
         self._hook_optimizers(state)
         token = _shared_token()
@@ -102,6 +103,7 @@ class Checkpointer:
             objects=tree,
             keep_last=self.config.keep_last,
             commit_timeout_s=self.config.commit_timeout_s,
+            chunks={name: (c.global_shape, c.offset) for name, c in chunks.items()},
         )
         self._writer.submit(job, snap, self._stager.handle(arena))
         self._next_arena = (arena + 1) % self._stager.arenas
@@ -161,21 +163,18 @@ class Checkpointer:
         """Load the newest verified checkpoint (or ``step``) into ``state``; return its step.
 
         Every checksum is checked before anything is loaded; a corrupt newest
-        checkpoint is skipped with a warning (unless ``step`` names it).
+        checkpoint is skipped with a warning (unless ``step`` names it). The
+        checkpoint may come from another world size: DTensor pieces (FSDP2,
+        tensor parallel) are reassembled into the placements the target state
+        has now; rank-local state comes from rank ``rank mod saved world size``.
 
         Raises:
             CheckpointError: Nothing to restore, or the state does not match.
             CorruptCheckpoint: ``step`` was named and fails verification.
         """
-        loaded = select(self.config.dir, rank=self.rank, step=step)
-        if loaded.manifest.world_size != self.world_size:
-            raise CheckpointError(
-                f"checkpoint was saved by {loaded.manifest.world_size} ranks, restoring with {self.world_size}"
-                " (resharding is not supported)",
-                key="world_size",
-            )
-        objects = loaded.manifest.objects.get(str(loaded.rank))
-        saved = unflatten(objects, loaded.tensors)
+        from carina.ckpt.restore import load_for_rank
+
+        manifest, saved = load_for_rank(self.config.dir, state, self.rank, step)
         missing = [k for k in state if k not in saved]
         if missing:
             raise CheckpointError(f"checkpoint lacks state {missing[0]!r}", key=missing[0])
@@ -185,7 +184,7 @@ class Checkpointer:
             else:
                 state[key] = _detach_copies(saved[key])
         restore_rng(saved[_RNG_KEY])
-        return loaded.manifest.step
+        return manifest.step
 
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints, oldest first."""
@@ -204,11 +203,16 @@ def _guarded(state: dict[str, Any]) -> frozenset[int]:
     ptrs: set[int] = set()
     for value in state.values():
         if isinstance(value, torch.nn.Module):
-            ptrs.update(p.data_ptr() for p in value.parameters() if p.is_cuda)
+            ptrs.update(_local(p).data_ptr() for p in value.parameters() if p.is_cuda)
         elif isinstance(value, torch.optim.Optimizer):
             for per_param in value.state.values():
-                ptrs.update(t.data_ptr() for t in per_param.values() if torch.is_tensor(t) and t.is_cuda)
+                ptrs.update(_local(t).data_ptr() for t in per_param.values() if torch.is_tensor(t) and t.is_cuda)
     return frozenset(ptrs)
+
+
+def _local(tensor: Any) -> Any:
+    """A DTensor's local piece (what is staged); any other tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _state_of(value: Any) -> Any:

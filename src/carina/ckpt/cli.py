@@ -96,14 +96,17 @@ def inspect(directory: DirArg, step: StepOpt = None, json_out: JsonOpt = False) 
             step = steps[-1]
     m = storage.read_manifest(os.path.join(directory, step_dir_name(step)))
     rows = [
-        {"rank": s.rank, "name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "crc32": t.crc32}
+        {"rank": s.rank, "name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "crc32": t.crc32,
+         "piece": "" if t.global_shape is None else f"at {list(t.global_offset or ())} of {list(t.global_shape)}"}
         for s in m.shards
         for t in s.tensors
-    ]
+    ]  # fmt: skip
     if json_out:
         emit_json({"step": m.step, "world_size": m.world_size, "bytes": m.nbytes, "tensors": rows})
         return
-    print_table(rows, columns=["rank", "name", "dtype", "shape", "bytes", "crc32"], title=f"step {m.step}")
+    pieces = ["piece"] if any(r["piece"] for r in rows) else []
+    columns = ["rank", "name", "dtype", "shape", "bytes", "crc32", *pieces]
+    print_table(rows, columns=columns, title=f"step {m.step}")
 
 
 @app.command()

@@ -27,7 +27,7 @@ import shutil
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from carina.ckpt.layout import Slot
@@ -75,6 +75,8 @@ class CommitJob:
     objects: Any
     keep_last: int
     commit_timeout_s: float
+    #: Tensor name -> (global shape, global offset) for pieces of DTensors.
+    chunks: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -192,7 +194,15 @@ def _write_shard(job: CommitJob, image: memoryview, write: Writer) -> ShardEntry
     file = f"rank{job.rank:05d}.safetensors"
     finish = write(os.path.join(job.tmp_dir, file), image[: job.size])
     tensors = tuple(
-        TensorEntry(s.name, s.dtype, s.shape, s.offset, s.nbytes, _crc(image, start + s.offset, s.nbytes))
+        TensorEntry(
+            s.name,
+            s.dtype,
+            s.shape,
+            s.offset,
+            s.nbytes,
+            _crc(image, start + s.offset, s.nbytes),
+            *job.chunks.get(s.name, (None, None)),
+        )
         for s in job.slots
     )
     _phase("checksums")

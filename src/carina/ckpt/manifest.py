@@ -8,9 +8,14 @@ place with the directory, so its presence means every shard it names is durable:
      "shards": [{"rank": 0, "file": "rank00000.safetensors", "size": 8192,
                  "data_start": 4096, "header_crc32": 1234,
                  "tensors": [{"name": "model/w", "dtype": "F32", "shape": [2, 2],
-                              "offset": 0, "nbytes": 16, "crc32": 99}]}]}
+                              "offset": 0, "nbytes": 16, "crc32": 99,
+                              "global_shape": [4, 2], "global_offset": [2, 0]}]}]}
 
-``offset`` is relative to ``data_start`` (safetensors convention). The parser
+``offset`` is relative to ``data_start`` (safetensors convention). A tensor
+that is one rank's piece of a larger one (a DTensor shard) also names the
+global tensor's shape and where its piece starts in it (``global_shape``,
+``global_offset``; absent or null for a rank-local tensor): restore at another
+world size assembles each rank's new piece from these. The parser
 trusts nothing: every field is type-checked and ranges are checked against the
 shard size, so a damaged manifest raises :class:`CorruptCheckpoint` naming the field.
 This module imports no torch.
@@ -59,6 +64,8 @@ class TensorEntry:
     offset: int
     nbytes: int
     crc32: int
+    global_shape: tuple[int, ...] | None = None
+    global_offset: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,10 @@ class Manifest:
     def to_json(self) -> str:
         """Serialise (stable key order, so checksums of the text are reproducible)."""
         data = asdict(self)
+        for shard in data["shards"]:  # rank-local tensors carry no global fields
+            for t in shard["tensors"]:
+                if t["global_shape"] is None:
+                    del t["global_shape"], t["global_offset"]
         return json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
 
 
@@ -183,7 +194,26 @@ def _tensor(check: _Checker, raw: Any, where: str, data_bytes: int) -> TensorEnt
         raise CorruptCheckpoint(f"{where}.nbytes does not match shape and dtype", path=check.path, key=where)
     if offset + nbytes > data_bytes:
         raise CorruptCheckpoint(f"{where} runs past the end of its shard", path=check.path, key=where)
-    return TensorEntry(name, dtype, shape, offset, nbytes, check.crc(obj, "crc32", where))
+    gshape, goffset = _global(check, obj, where, shape)
+    return TensorEntry(name, dtype, shape, offset, nbytes, check.crc(obj, "crc32", where), gshape, goffset)
+
+
+def _global(
+    check: _Checker, obj: dict[str, Any], where: str, shape: tuple[int, ...]
+) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """The optional ``global_shape``/``global_offset`` pair: both or neither, and the piece inside."""
+    if obj.get("global_shape") is None and obj.get("global_offset") is None:
+        return None, None
+    dims = []
+    for key in ("global_shape", "global_offset"):
+        raw = check.get(obj, key, list, where)
+        dims.append(tuple(check.natural({"d": d}, "d", f"{where}.{key}") for d in raw))
+    gshape, goffset = dims
+    if len(gshape) != len(shape) or len(goffset) != len(shape):
+        raise CorruptCheckpoint(f"{where}.global_shape/global_offset rank differs", path=check.path, key=where)
+    if any(o + n > g for o, n, g in zip(goffset, shape, gshape, strict=True)):
+        raise CorruptCheckpoint(f"{where} lies outside its global shape", path=check.path, key=where)
+    return gshape, goffset
 
 
 @dataclass(frozen=True)

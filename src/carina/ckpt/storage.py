@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from carina.ckpt.commit import LATEST, committed_steps, step_dir_name
-from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, parse_manifest
+from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, TensorEntry, parse_manifest
 from carina.core.errors import CarinaError, CheckpointError, CorruptCheckpoint
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "load_shard",
     "read_manifest",
     "select",
+    "select_shards",
     "verify",
 ]
 
@@ -104,7 +106,7 @@ def _read_file(path: str, size: int) -> Any:
     if actual != size:
         raise CorruptCheckpoint(f"shard is {actual} bytes, manifest says {size}", path=path)
     buf = aligned_buffer(max(size, 1))[:size]
-    chunk = 64 << 20
+    chunk = 8 << 20  # many requests in flight: 4x the bandwidth of 64 MiB ones on a virtio disk
     try:
         with IOEngine(IOConfig(direct=Direct.AUTO)) as eng:
             handle = eng.open(path, "r")
@@ -118,12 +120,26 @@ def _read_file(path: str, size: int) -> Any:
 
 
 def _check_bytes(buf: Any, shard: ShardEntry, path: str) -> None:
+    """Header and every tensor crc32; tensors are checked by a few threads (zlib releases the GIL)."""
     view = memoryview(buf)
     if zlib.crc32(view[: shard.data_start]) != shard.header_crc32:
         raise CorruptCheckpoint("shard header checksum mismatch", path=path, offset=0)
-    for t in shard.tensors:
+
+    def bad(t: TensorEntry) -> bool:
         start = shard.data_start + t.offset
-        if zlib.crc32(view[start : start + t.nbytes]) != t.crc32:
+        return zlib.crc32(view[start : start + t.nbytes]) != t.crc32
+
+    threads = min(8, os.cpu_count() or 1, max(1, sum(t.nbytes for t in shard.tensors) >> 26))
+    if threads > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="carina-ckpt-crc") as pool:
+            verdicts = list(pool.map(bad, shard.tensors))
+    else:
+        verdicts = [bad(t) for t in shard.tensors]
+    for t, wrong in zip(shard.tensors, verdicts, strict=True):
+        if wrong:
+            start = shard.data_start + t.offset
             raise CorruptCheckpoint(f"checksum mismatch in tensor {t.name!r}", path=path, offset=start, key=t.name)
 
 
@@ -171,20 +187,40 @@ def select(root: str, rank: int = 0, step: int | None = None) -> LoadedShard:
         CheckpointError: No committed checkpoint exists, or ``step`` is missing.
         CorruptCheckpoint: ``step`` was named and fails verification.
     """
+    manifest, shards = select_shards(root, lambda _m: {rank}, step)
+    return LoadedShard(manifest, rank, shards[rank])
+
+
+def select_shards(
+    root: str, ranks: Callable[[Manifest], set[int]], step: int | None = None
+) -> tuple[Manifest, dict[int, dict[str, Any]]]:
+    """Load and verify the shards ``ranks(manifest)`` names of the newest good checkpoint.
+
+    A checkpoint is good when every shard asked for verifies; otherwise the
+    next older one is tried (with a warning), unless ``step`` names it.
+
+    Raises:
+        CheckpointError: No committed checkpoint exists, or ``step`` is missing.
+        CorruptCheckpoint: ``step`` was named and fails verification.
+    """
+
+    def load(path: str) -> tuple[Manifest, dict[int, dict[str, Any]]]:
+        manifest = read_manifest(path)
+        return manifest, {r: load_shard(path, manifest, r).tensors for r in sorted(ranks(manifest))}
+
     if step is not None:
         path = os.path.join(root, step_dir_name(step))
         if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
             raise CheckpointError(f"no committed checkpoint for step {step}", path=root)
-        return load_shard(path, read_manifest(path), rank)
+        return load(path)
     hint = latest_hint(root)
     candidates = sorted(committed_steps(root), reverse=True)
     if hint is not None and hint in candidates:
         candidates.remove(hint)
         candidates.insert(0, hint)
     for cand in candidates:
-        path = os.path.join(root, step_dir_name(cand))
         try:
-            return load_shard(path, read_manifest(path), rank)
+            return load(os.path.join(root, step_dir_name(cand)))
         except CorruptCheckpoint as exc:
-            warnings.warn(f"skipping corrupt checkpoint: {exc}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"skipping corrupt checkpoint: {exc}", RuntimeWarning, stacklevel=3)
     raise CheckpointError("no committed, verified checkpoint found", path=root)

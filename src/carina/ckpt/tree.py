@@ -26,18 +26,22 @@ __all__ = ["flatten", "unflatten"]
 _TAGS = ("__tensor__", "__ndarray__", "__tuple__", "__dict__", "__bytes__", "__float__")
 
 
-def flatten(state: Any, prefix: str = "") -> tuple[Any, dict[str, Any]]:
+def flatten(state: Any, prefix: str = "", chunks: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """Return ``(tree, tensors)``; tensor names are the ``/``-joined paths to them.
+
+    A DTensor contributes its local piece to ``tensors``; when ``chunks`` is
+    given, its :class:`carina.ckpt.reshard.Chunk` (global shape, offset,
+    placement) is stored there under the same name.
 
     Raises:
         CheckpointError: A value of a type that cannot be checkpointed, named by path.
     """
     tensors: dict[str, Any] = {}
-    tree = _flatten(state, prefix, tensors)
+    tree = _flatten(state, prefix, tensors, {} if chunks is None else chunks)
     return tree, tensors
 
 
-def _flatten(value: Any, path: str, tensors: dict[str, Any]) -> Any:
+def _flatten(value: Any, path: str, tensors: dict[str, Any], chunks: dict[str, Any]) -> Any:
     import numpy as np
 
     if value is None or isinstance(value, bool | int | str):
@@ -45,7 +49,12 @@ def _flatten(value: Any, path: str, tensors: dict[str, Any]) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else {"__float__": repr(value)}
     if _is_tensor(value):
-        tensors[path] = value.detach()
+        from carina.ckpt.reshard import chunk_of
+
+        chunk = chunk_of(value, path)
+        tensors[path] = value.detach() if chunk is None else chunk.local
+        if chunk is not None:
+            chunks[path] = chunk
         return {"__tensor__": path}
     if isinstance(value, np.ndarray):
         import torch
@@ -53,19 +62,19 @@ def _flatten(value: Any, path: str, tensors: dict[str, Any]) -> Any:
         tensors[path] = torch.from_numpy(np.ascontiguousarray(value))
         return {"__ndarray__": path}
     if isinstance(value, np.generic):
-        return _flatten(value.item(), path, tensors)
+        return _flatten(value.item(), path, tensors, chunks)
     if isinstance(value, bytes):
         return {"__bytes__": value.hex()}
     if isinstance(value, tuple):
-        return {"__tuple__": [_flatten(v, _join(path, i), tensors) for i, v in enumerate(value)]}
+        return {"__tuple__": [_flatten(v, _join(path, i), tensors, chunks) for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [_flatten(v, _join(path, i), tensors) for i, v in enumerate(value)]
+        return [_flatten(v, _join(path, i), tensors, chunks) for i, v in enumerate(value)]
     if isinstance(value, Mapping):
         if all(isinstance(k, str) and k not in _TAGS for k in value):
-            return {k: _flatten(v, _join(path, k), tensors) for k, v in value.items()}
+            return {k: _flatten(v, _join(path, k), tensors, chunks) for k, v in value.items()}
         return {
             "__dict__": [
-                [_flatten(k, _join(path, f"#{i}"), tensors), _flatten(v, _join(path, k), tensors)]
+                [_flatten(k, _join(path, f"#{i}"), tensors, chunks), _flatten(v, _join(path, k), tensors, chunks)]
                 for i, (k, v) in enumerate(value.items())
             ]
         }

@@ -34,7 +34,7 @@ class SubApp:
 
 SUBCOMMANDS: tuple[SubApp, ...] = (
     SubApp("io", "carina.io.cli", "Asynchronous batched storage engine: probe, read, write, bench."),
-    SubApp("train", "carina.offload.train_cli", "Train a model larger than GPU memory (the main job)."),
+    SubApp("train", "carina.cli.train", "Train a model larger than GPU memory (the main job)."),
     SubApp("offload", "carina.offload.cli", "Profile, plan and inspect offloaded training."),
     SubApp("gnn", "carina.gnn.cli", "Out-of-core GNN training, cost model and GPU placement."),
     SubApp("ckpt", "carina.ckpt.cli", "Checkpoint-restart: list, verify, inspect, prune, bench."),

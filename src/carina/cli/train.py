@@ -1,0 +1,201 @@
+"""``carina train`` with checkpoints: carina.offload's trainer composed with carina.ckpt.
+
+carina.offload owns ``carina train`` (:mod:`carina.offload.train_cli`) and must
+not import carina.ckpt (workloads do not import each other), so the two meet
+here, on the CLI floor. This module's command is offload's ``train`` command
+plus three options:
+
+    carina train --model tiny --steps 100 --ckpt-every 25 --ckpt-dir ckpts
+    carina train --model tiny --steps 100 --ckpt-every 25 --ckpt-dir ckpts --resume
+
+Without them the command is offload's, untouched. With them, the same training
+loop as :func:`carina.offload.job.run` runs here with a
+:class:`carina.ckpt.Checkpointer` saving model masters, optimizer state, RNG
+states and the data position every K steps; ``--resume`` restores the newest
+verified checkpoint and fast-forwards the token stream, so a killed and resumed
+run gives bitwise the losses of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["CkptOptions", "app", "run_checkpointed"]
+
+#: Test hook: SIGKILL this process right after the given step (a crash mid-run, mid-save).
+KILL_ENV = "CARINA_TRAIN_KILL_AFTER_STEP"
+
+
+@dataclass(frozen=True)
+class CkptOptions:
+    """The checkpoint options of ``carina train``."""
+
+    every: int
+    dir: str
+    resume: bool
+    writer: str = "thread"
+    keep_last: int = 2
+
+
+def run_checkpointed(
+    cfg: Any, opts: CkptOptions, on_step: Callable[[Any], None] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """:func:`carina.offload.job.run`'s loop with a checkpoint every ``opts.every`` steps.
+
+    Returns:
+        The offload ``TrainResult`` (losses of the steps this process ran) and a
+        summary: the step resumed from and the steps saved.
+    """
+    import torch
+
+    from carina.ckpt import Checkpointer, Config, WriterKind
+    from carina.offload.api import handle_of, wrap
+    from carina.offload.job import StepReport, _result, _tokens
+    from carina.offload.models import build_model, model_config
+
+    shape = model_config(cfg.model)
+    model = build_model(shape, seed=cfg.seed)
+    params = sum(p.numel() for p in model.parameters())
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    user_opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model, opt = wrap(model, cfg.offload, optimizer=user_opt)
+    handle = handle_of(model)
+    device = handle.runtime.device
+    data = _tokens(cfg, shape.vocab_size)
+    accum = cfg.offload.grad_accumulation
+    kill_after = int(os.environ.get(KILL_ENV, "-1"))
+    state: dict[str, Any] = {"model": model, "optim": opt, "data": {"micro_batches": 0}}
+    reports: list[Any] = []
+    saved: list[int] = []
+    start = 0
+    ck_cfg = Config(dir=opts.dir, keep_last=opts.keep_last, writer=WriterKind(opts.writer), every_steps=opts.every)
+    with Checkpointer(ck_cfg) as ckpt:
+        if opts.resume and ckpt.list():
+            start = ckpt.restore(state)
+            for _ in range(state["data"]["micro_batches"]):
+                next(data)  # the token stream is deterministic: skip what the saved run consumed
+        for step in range(start, cfg.steps):
+            t0 = time.perf_counter()
+            total = 0.0
+            for _ in range(accum):
+                ids = next(data).to(device)
+                loss = model(input_ids=ids, labels=ids).loss
+                (loss / accum).backward()
+                total += float(loss.detach()) / accum
+            opt.step()
+            opt.zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            rep = StepReport(step, total, time.perf_counter() - t0, accum * cfg.micro_batch * cfg.seq_len)
+            reports.append(rep)
+            state["data"] = {"micro_batches": (step + 1) * accum}
+            if ckpt.maybe_save(step + 1, state) is not None:
+                saved.append(step + 1)
+            if on_step is not None:
+                on_step(rep)
+            if step + 1 == kill_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        ckpt.wait()
+    handle.runtime.drain()
+    result = _result(cfg, handle, reports, params, model_bytes, {})
+    return result, {"resumed_from": start, "saved": saved, "dir": opts.dir}
+
+
+def _build(params: dict[str, Any]) -> Any:
+    """Offload's TrainConfig from the command's parsed options (as offload's command builds it)."""
+    from carina.offload.train_cli import _build_config, _size
+
+    return _build_config(
+        params["demo"],
+        params["config"],
+        {
+            "model": params["model"],
+            "steps": params["steps"],
+            "micro_batch": params["micro_batch"],
+            "seq_len": params["seq_len"],
+            "lr": params["lr"],
+            "data": params["data"] and str(params["data"]),
+        },
+        {
+            "device": params["device"],
+            "device_budget": _size(params["device_budget"], "device_budget"),
+            "host_budget": _size(params["host_budget"], "host_budget"),
+            "nvme_path": params["nvme_path"] and str(params["nvme_path"]),
+            "nvme_budget": _size(params["nvme_budget"], "nvme_budget"),
+            "activations": params["activations"],
+            "prefetch_depth": params["prefetch_depth"],
+            "grad_accumulation": params["grad_accumulation"],
+            "max_grad_norm": params["max_grad_norm"],
+        },
+    )
+
+
+def _checkpointed(params: dict[str, Any], opts: CkptOptions) -> None:
+    from carina.core.errors import CarinaError, ConfigError
+    from carina.core.progress import console, emit_json
+    from carina.offload.train_cli import _show
+
+    try:
+        if params["disagg"]:
+            raise ConfigError("--ckpt-every/--resume do not apply to --disagg", key="disagg")
+        cfg = _build(params)
+        result, summary = run_checkpointed(cfg, opts)
+    except CarinaError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from None
+    if params["json_out"]:
+        emit_json({"config": cfg.to_dict(), "result": result, "ckpt": summary})
+        return
+    _show(cfg, result)
+    console().print(
+        f"[bold]checkpoints[/] every {opts.every} steps in {opts.dir}; resumed from step "
+        f"{summary['resumed_from']}; saved {summary['saved'] or 'none'}"
+    )
+
+
+def _command() -> typer.Typer:
+    """A Typer app whose ``train`` takes offload's options plus the checkpoint ones."""
+    import inspect
+    import typing
+
+    from carina.offload.train_cli import train as offload_train
+
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
+        for name, default, hint in (
+            ("ckpt_every", 0, Annotated[int, typer.Option(help="Checkpoint every K steps (0: never).")]),
+            ("ckpt_dir", None, Annotated[Path | None, typer.Option(help="Checkpoint directory (default ./ckpts).")]),
+            ("resume", False, Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint.")]),
+            ("ckpt_writer", "thread", Annotated[str, typer.Option(help="thread, fork, process or sync.")]),
+        )
+    ]  # fmt: skip
+
+    def train(**params: Any) -> None:
+        every, ckpt_dir = params.pop("ckpt_every"), params.pop("ckpt_dir")
+        resume, writer = params.pop("resume"), params.pop("ckpt_writer")
+        if not every and not resume:
+            offload_train(**params)
+            return
+        if every < 0:
+            raise typer.BadParameter("must be >= 0", param_hint="--ckpt-every")
+        _checkpointed(params, CkptOptions(every=every, dir=str(ckpt_dir or "ckpts"), resume=resume, writer=writer))
+
+    sig = inspect.signature(offload_train, eval_str=True)
+    train.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])  # type: ignore[attr-defined]
+    hints = typing.get_type_hints(offload_train, include_extras=True)
+    train.__annotations__ = {**hints, **{p.name: p.annotation for p in extra}}
+    train.__doc__ = (offload_train.__doc__ or "") + " With --ckpt-every/--resume: checkpoints through carina.ckpt."
+    out = typer.Typer(help="Train a model larger than GPU memory (the main job).", add_completion=False)
+    out.command()(train)
+    return out
+
+
+app = _command()
