@@ -94,7 +94,7 @@ def test_block_runtime_worker_streams_and_is_bitwise_in_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("workers", "shards", "runtime"),
-    [(1, 1, WorkerRuntime.OFFLOAD), (2, 2, WorkerRuntime.OFFLOAD), (2, 1, WorkerRuntime.PLAIN)],
+    [(1, 1, WorkerRuntime.OFFLOAD), (2, 2, WorkerRuntime.OFFLOAD)],  # plain workers: test_disagg.py
 )
 def test_worker_processes_bitwise_equal_to_single_process(workers, shards, runtime):
     cfg = _cfg(workers, shards, runtime=runtime)

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,12 @@ __all__ = ["LaunchResult", "launch"]
 
 @dataclass
 class LaunchResult:
-    """What a job produced: the global loss per step and the final fp32 masters."""
+    """What a job produced: the global loss per step, the final fp32 masters, worker 0's step times."""
 
     losses: list[float]
     masters: dict[str, Any]
     steps_done: int
+    step_seconds: list[float] = field(default_factory=list)
 
 
 def _worker_main(
@@ -66,15 +67,17 @@ def _worker_main(
     else:
         model = model.to(device)
         step = DisaggWorker(model, cfg, rank, layout, segment, control, device=device).step
-    losses = []
+    losses, seconds = [], []
     world = cfg.hosts * cfg.workers  # every worker of every host takes one slice of the global batch
     for k in range(*steps):
+        t0 = time.perf_counter()
         batch = batch_fn(k, cfg.host_rank * cfg.workers + rank, world).to(device)
         loss = loss_fn(model, batch) / world
         loss.backward()
         step()
-        losses.append(float(loss.detach()))
-    (Path(job) / f"losses{rank}.json").write_text(json.dumps(losses))
+        losses.append(float(loss.detach()))  # waits for the device: the step is over
+        seconds.append(time.perf_counter() - t0)
+    (Path(job) / f"losses{rank}.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
 
 
 def _device(cfg: DisaggConfig) -> str:
@@ -254,5 +257,5 @@ def _outcome(
     if any(p.exitcode for p in servers):
         raise CarinaError("a parameter-server shard failed", exitcodes=[p.exitcode for p in servers])
     per_worker = [json.loads((job / f"losses{r}.json").read_text()) for r in range(cfg.workers)]
-    losses = [sum(ws[k] for ws in per_worker) for k in range(stop - start)]
-    return LaunchResult(losses=losses, masters=masters, steps_done=done)
+    losses = [sum(ws["losses"][k] for ws in per_worker) for k in range(stop - start)]
+    return LaunchResult(losses=losses, masters=masters, steps_done=done, step_seconds=per_worker[0]["seconds"])

@@ -67,7 +67,8 @@ class ShardServer:
         import torch.distributed as dist
 
         for master, grads in zip(self.masters, self.grads, strict=True):
-            acc = grads[0].clone()
+            # One local worker and no exchange: its slot is the gradient (the optimizer only reads it).
+            acc = grads[0] if len(grads) == 1 and self.group is None else grads[0].clone()
             for g in grads[1:]:
                 acc.add_(g)
             if self.group is not None:
