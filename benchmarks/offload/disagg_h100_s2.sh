@@ -35,15 +35,18 @@ else
   NAME=disagg_ps_path
   T_DIRECT=50; T_PS=60; T_REPORT=10
 fi
-# The PS segment wants a tmpfs; fall back to $OUT's disk when /dev/shm is small (container default 64 MB).
+# The PS segment (~20 GB at 1.1B) wants a tmpfs; fall back to local disk when /dev/shm is small
+# (a container's default is 64 MB). Never under $OUT: the segment must not come back as a result.
 SHM=/dev/shm
 FREE_GB=$(df -P -BG /dev/shm 2>/dev/null | awk 'NR==2 {gsub("G","",$4); print $4}')
-if [ "$DEVICE" != cpu ] && [ "${FREE_GB:-0}" -lt 30 ]; then SHM=$DIR; fi
+if [ "$DEVICE" != cpu ] && [ "${FREE_GB:-0}" -lt 30 ]; then SHM=${TMPDIR:-/tmp}; fi
+SHM=$(mktemp -d "$SHM/carina-disagg-bench.XXXXXX")  # this run's own folder: removed whole at the end
 echo "disagg bench: device=$DEVICE shm=$SHM (/dev/shm free ${FREE_GB:-?} GB) python=$PY"
 
 rc_direct=0; rc_ps=0
 timeout -k 5 $T_DIRECT "$PY" "$BENCH" --path direct --out "$DIR" "${ARGS[@]}" || rc_direct=$?
 timeout -k 5 $T_PS "$PY" "$BENCH" --path ps --shm-dir "$SHM" --out "$DIR" "${ARGS[@]}" || rc_ps=$?
+rm -rf "$SHM"  # a segment left by a killed run would hold RAM for later jobs
 NOTES="direct rc=$rc_direct, ps rc=$rc_ps (124/137: hit its timeout). llama-1b shape, not 7B: see the script header (host RAM and the 120 s budget)."
 timeout -k 5 $T_REPORT "$PY" "$BENCH" --report --name "$NAME" --notes "$NOTES" --out "$DIR" "${ARGS[@]}"
 echo "exit codes: direct=$rc_direct ps=$rc_ps (124/137 = timed out); files: $(ls "$DIR" | tr '\n' ' ')"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import signal
 import statistics
 import sys
 import time
@@ -218,6 +219,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--worker-threads", type=int, default=4)
     args = ap.parse_args()
+    # `timeout` sends SIGTERM: exit through Python so launch() stops its processes and removes its segment.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report:
         return report(args.out, args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -34,7 +35,7 @@ def hook(phase, step):
 
 if __name__ == "__main__":
     commit.fault_hook = hook
-    cfg = DisaggConfig.from_json({CFG.to_json()!r})
+    cfg = DisaggConfig.from_json(os.environ["CFG_JSON"])
     run_disagg(cfg, steps={STEPS}, ckpt_dir=Path(os.environ["CKPT_DIR"]), ckpt_every={EVERY})
 """
 
@@ -56,7 +57,9 @@ def test_killed_mid_save_then_restored_continues_bitwise(tmp_path, uninterrupted
     script = tmp_path / "killed.py"
     script.write_text(_KILLED_MID_SAVE)
     ckpt = tmp_path / "ckpt"
-    env = {**os.environ, "CKPT_DIR": str(ckpt), "PYTHONPATH": os.pathsep.join(sys.path)}
+    # The killed launcher cannot remove its segment: keep it under tmp_path, not /dev/shm.
+    cfg = dataclasses.replace(CFG, shm_dir=tmp_path)
+    env = {**os.environ, "CKPT_DIR": str(ckpt), "CFG_JSON": cfg.to_json(), "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, timeout=300)
     assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     assert committed_steps(str(ckpt)) == [2]
