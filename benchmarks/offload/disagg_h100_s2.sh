@@ -48,5 +48,5 @@ timeout -k 5 $T_DIRECT "$PY" "$BENCH" --path direct --out "$DIR" "${ARGS[@]}" ||
 timeout -k 5 $T_PS "$PY" "$BENCH" --path ps --shm-dir "$SHM" --out "$DIR" "${ARGS[@]}" || rc_ps=$?
 rm -rf "$SHM"  # a segment left by a killed run would hold RAM for later jobs
 NOTES="direct rc=$rc_direct, ps rc=$rc_ps (124/137: hit its timeout). llama-1b shape, not 7B: see the script header (host RAM and the 120 s budget)."
-timeout -k 5 $T_REPORT "$PY" "$BENCH" --report --name "$NAME" --notes "$NOTES" --out "$DIR" "${ARGS[@]}"
-echo "exit codes: direct=$rc_direct ps=$rc_ps (124/137 = timed out); files: $(ls "$DIR" | tr '\n' ' ')"
+echo "exit codes: direct=$rc_direct ps=$rc_ps (124/137 = timed out)"
+timeout -k 5 $T_REPORT "$PY" "$BENCH" --report --name "$NAME" --notes "$NOTES" --out "$DIR" "${ARGS[@]}"  # the table, last
