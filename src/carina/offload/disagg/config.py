@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from carina.core.config import Config, require
+from carina.offload.config import OffloadConfig
 
-__all__ = ["DisaggConfig", "PublishDtype"]
+__all__ = ["DisaggConfig", "PublishDtype", "WorkerRuntime"]
 
 
 class PublishDtype(enum.Enum):
@@ -16,6 +17,13 @@ class PublishDtype(enum.Enum):
 
     FLOAT32 = "float32"  # exact (CPU workers, tests)
     BFLOAT16 = "bfloat16"  # half the H2D bytes (GPU workers computing in bf16)
+
+
+class WorkerRuntime(enum.Enum):
+    """What trains inside a worker process."""
+
+    OFFLOAD = "offload"  # carina.offload's block runtime, the PS as its gradient/optimizer backend
+    PLAIN = "plain"  # the model as it is, parameters resident (any nn.Module, no repeated blocks needed)
 
 
 @dataclass(kw_only=True)
@@ -36,6 +44,13 @@ class DisaggConfig(Config):
         host_rank: This host's rank among ``hosts``.
         master_addr: Rendezvous address of the cross-host PS groups.
         master_port: Rendezvous port.
+        runtime: What trains in a worker (:class:`WorkerRuntime`).
+        offload: The block runtime's config for ``runtime=offload`` (its ``device`` is replaced by
+            the worker's); no clipping (it needs the global norm) and one backward per step.
+        ps_threads: CPU threads of each PS shard's optimizer.
+        worker_threads: CPU threads of each worker process.
+        checkpoint_every: With a checkpoint callback: PS shards pause before applying step k
+            while k is a multiple of this, until the callback took the state of step k (0: never).
     """
 
     workers: int = 1
@@ -51,6 +66,11 @@ class DisaggConfig(Config):
     host_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29650
+    runtime: WorkerRuntime = WorkerRuntime.OFFLOAD
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    ps_threads: int = 1
+    worker_threads: int = 1
+    checkpoint_every: int = 0
 
     def validate(self) -> None:
         """Positive counts, a known optimizer and device, a host rank inside the host count."""
@@ -60,3 +80,16 @@ class DisaggConfig(Config):
         require(self.device in ("auto", "cuda", "cpu"), "device is auto, cuda or cpu", key="device")
         require(self.step_timeout_s > 0, "step_timeout_s must be positive", key="step_timeout_s")
         require(self.hosts >= 1 and 0 <= self.host_rank < self.hosts, "host_rank must be < hosts", key="host_rank")
+        require(self.ps_threads >= 1, "ps_threads must be >= 1", key="ps_threads")
+        require(self.worker_threads >= 1, "worker_threads must be >= 1", key="worker_threads")
+        require(self.checkpoint_every >= 0, "checkpoint_every must be >= 0", key="checkpoint_every")
+        require(
+            self.offload.max_grad_norm is None,
+            "clipping needs the global gradient norm, which no worker has; the PS does not clip yet",
+            key="offload.max_grad_norm",
+        )
+        require(
+            self.offload.grad_accumulation == 1,
+            "a disagg worker runs one backward per step (more workers = a larger batch)",
+            key="offload.grad_accumulation",
+        )

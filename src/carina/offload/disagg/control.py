@@ -1,8 +1,10 @@
 """The control block: step counters both sides poll, liveness, and the abort word.
 
 A small shared int64 array: ``grad_step[w]`` (worker w's gradients for step k are in place
-when it reads k+1), ``done_step[s]`` (shard s has published step k+1), ``abort`` and ``dead``
-(which worker died, +1). Polling a few counters costs microseconds and works across any
+when it reads k+1), ``done_step[s]`` (shard s has published step k+1), ``abort``, ``dead``
+(which worker died, +1), ``taken`` (the last step whose PS state a checkpoint has copied) and
+the launcher's pid: a worker or shard whose launcher is gone (killed) gives up instead of
+waiting forever. Polling a few counters costs microseconds and works across any
 process that maps the file; a side that waits longer than the step timeout fails the step.
 """
 
@@ -17,7 +19,7 @@ from carina.core.errors import CarinaError
 
 __all__ = ["Control", "WorkerDied", "pid_watch"]
 
-_ABORT, _DEAD, _HEADER = 0, 1, 2
+_ABORT, _DEAD, _TAKEN, _LAUNCHER, _HEADER = 0, 1, 2, 3, 4
 
 
 class WorkerDied(CarinaError):
@@ -36,6 +38,10 @@ class Control:
             with path.open("wb") as fh:
                 fh.truncate(8 * n)
         self.words = torch.from_file(str(path), shared=True, size=n, dtype=torch.int64)
+        if create:
+            self.words[_LAUNCHER] = os.getpid()
+        self.launcher = int(self.words[_LAUNCHER])
+        self._own = self.launcher == os.getpid()
 
     def grad_step(self, w: int) -> int:
         """The step whose gradients worker ``w`` has put in place."""
@@ -52,6 +58,15 @@ class Control:
     def set_done_step(self, s: int, step: int) -> None:
         """Shard ``s`` announces it has published ``step``."""
         self.words[_HEADER + self.workers + s] = step
+
+    @property
+    def taken(self) -> int:
+        """The last step whose PS state the checkpoint callback has copied."""
+        return int(self.words[_TAKEN])
+
+    def set_taken(self, step: int) -> None:
+        """The launcher has copied the PS state of ``step``: shards may apply the next update."""
+        self.words[_TAKEN] = step
 
     def abort(self, dead_worker: int) -> None:
         """Stop every side; record which worker died."""
@@ -91,6 +106,8 @@ class Control:
             if dead is not None:
                 self.abort(dead)
                 continue
+            if not self._own and not _alive(self.launcher):
+                raise CarinaError(f"the launcher (pid {self.launcher}) died while waiting for {what}")
             if time.monotonic() > deadline:
                 raise CarinaError(f"timed out after {timeout:g} s waiting for {what}")
             time.sleep(delay)

@@ -10,8 +10,8 @@ from typing import Any
 __all__ = ["lm_loss", "synthetic_batch", "tiny_llama"]
 
 
-def tiny_llama(seed: int = 0) -> Any:
-    """A 2-layer Llama built from its config, random init, seeded (identical in every process)."""
+def tiny_llama(seed: int = 0, layers: int = 2) -> Any:
+    """A small Llama (2 layers by default) built from its config, random init, seeded (identical in every process)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -20,7 +20,7 @@ def tiny_llama(seed: int = 0) -> Any:
         vocab_size=256,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         max_position_embeddings=64,
         use_cache=False,

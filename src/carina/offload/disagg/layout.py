@@ -1,8 +1,11 @@
 """Where every parameter's bytes live in the shared segment, and which PS shard owns it.
 
 One file in a tmpfs holds, for each parameter (in model order): the fp32 master (written by
-its PS shard), the published copy (PS writes, workers read) and one gradient slot per worker
-(that worker writes, the PS reads). Both sides map the same file, so no byte is serialised.
+its PS shard), its optimizer state (AdamW's step count and two moments, fp32), the published
+copy (PS writes, workers read) and one gradient slot per worker (that worker writes, the PS
+reads). Both sides map the same file, so no byte is serialised; because the whole PS state is
+in the file, the launching process can snapshot it at a step boundary (checkpoints) and write
+a restored one before any shard starts.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class ParamSlot:
     master: int
     published: int
     grads: tuple[int, ...]  # one per worker
+    state: tuple[int, ...] = ()  # AdamW: (step scalar, exp_avg, exp_avg_sq); SGD: none
 
 
 def assign_shards(sizes: Sequence[int], shards: int) -> list[int]:
@@ -58,9 +62,19 @@ class SharedLayout:
 
     @classmethod
     def plan(
-        cls, params: Sequence[tuple[str, tuple[int, ...]]], *, workers: int, shards: int, publish_itemsize: int
+        cls,
+        params: Sequence[tuple[str, tuple[int, ...]]],
+        *,
+        workers: int,
+        shards: int,
+        publish_itemsize: int,
+        moments: int = 0,
     ) -> SharedLayout:
-        """Lay out ``params`` (name, shape) for ``workers`` and ``shards``."""
+        """Lay out ``params`` (name, shape) for ``workers`` and ``shards``.
+
+        ``moments`` fp32 optimizer-state tensors per parameter (2 for AdamW) follow a step
+        scalar; with ``moments=0`` there is no optimizer state (plain SGD).
+        """
         if not params:
             raise ConfigError("the model has no trainable parameters", key="model")
         numels = [_numel(shape) for _, shape in params]
@@ -75,7 +89,14 @@ class SharedLayout:
             for _ in range(workers):
                 grads.append(offset)
                 offset = _align(offset + 4 * numel)
-            slots.append(ParamSlot(name, tuple(shape), numel, shard, master, published, tuple(grads)))
+            state = []
+            if moments:
+                state.append(offset)
+                offset = _align(offset + 4)
+                for _ in range(moments):
+                    state.append(offset)
+                    offset = _align(offset + 4 * numel)
+            slots.append(ParamSlot(name, tuple(shape), numel, shard, master, published, tuple(grads), tuple(state)))
         return cls(tuple(slots), workers, publish_itemsize, offset)
 
     def check_fits(self, directory: Path) -> None:

@@ -6,6 +6,8 @@ worker order (0, 1, …, N−1: fixed, so results do not depend on timing), opti
 all-reduces the sum with the same shard on the other hosts (gloo), runs its optimizer on the
 fp32 masters, writes the published copy, and only then marks step k+1 done. A worker that
 dies before the sums are taken leaves every shard at step k: no update is ever half applied.
+The optimizer's state tensors are views of the shared segment too, so the launcher can copy
+the whole PS state while the shards hold at a checkpoint step (``checkpoint_every``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from carina.offload.disagg.config import DisaggConfig, PublishDtype
 from carina.offload.disagg.control import Control, pid_watch
 from carina.offload.disagg.layout import SharedLayout, map_segment, view
+from carina.offload.disagg.state import state_views
 
 __all__ = ["ShardServer", "make_optimizer", "serve_shard"]
 
@@ -52,6 +55,11 @@ class ShardServer:
             [view(segment, s.grads[w], s.shape, torch.float32) for w in range(layout.workers)] for s in self.slots
         ]
         self.optimizer = make_optimizer(self.masters, cfg) if self.masters else None
+        if self.optimizer is not None:  # the optimizer's state lives in the segment, not in this process
+            for slot, master in zip(self.slots, self.masters, strict=True):
+                views = state_views(segment, slot)
+                if views:
+                    self.optimizer.state[master] = views
         self.group: Any = None
 
     def reduce_and_step(self) -> None:
@@ -59,7 +67,8 @@ class ShardServer:
         import torch.distributed as dist
 
         for master, grads in zip(self.masters, self.grads, strict=True):
-            acc = grads[0].clone()
+            # One local worker and no exchange: its slot is the gradient (the optimizer only reads it).
+            acc = grads[0] if len(grads) == 1 and self.group is None else grads[0].clone()
             for g in grads[1:]:
                 acc.add_(g)
             if self.group is not None:
@@ -71,9 +80,15 @@ class ShardServer:
         for master, pub in zip(self.masters, self.published, strict=True):
             pub.copy_(master.detach())
 
-    def run(self, steps: int, worker_pids: Sequence[int]) -> None:
-        """Serve ``steps`` steps, failing cleanly if a worker dies."""
+    def run(self, steps: int, worker_pids: Sequence[int], start: int = 0) -> None:
+        """Serve ``steps`` steps, failing cleanly if a worker dies.
+
+        ``start`` is the global step of the first one (after a restore); with
+        ``checkpoint_every``, the shard holds before applying global step g (a multiple of it)
+        until the launcher has taken the state of step g.
+        """
         alive = pid_watch(worker_pids)
+        every = self.cfg.checkpoint_every
         for k in range(steps):
             self.control.wait(
                 partial(self._grads_in, k),
@@ -81,6 +96,14 @@ class ShardServer:
                 what=f"gradients of step {k}",
                 alive=alive,
             )
+            g = start + k
+            if every and k > 0 and g % every == 0:
+                self.control.wait(
+                    lambda g=g: self.control.taken >= g,  # type: ignore[misc]
+                    timeout=self.cfg.step_timeout_s,
+                    what=f"the checkpoint of step {g}",
+                    alive=alive,
+                )
             self.reduce_and_step()
             self.control.set_done_step(self.shard, k + 1)
 
@@ -103,12 +126,13 @@ def serve_shard(
     ctl_path: str,
     steps: int,
     worker_pids: Sequence[int],
+    start: int = 0,
 ) -> None:
     """Process entry point of one PS shard."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.ps_threads)
     segment = map_segment(Path(seg_path), layout.nbytes, create=False)
     control = Control(Path(ctl_path), cfg.workers, cfg.ps_shards, create=False)
     server = ShardServer(cfg, shard, layout, segment, control)
@@ -122,7 +146,7 @@ def serve_shard(
         )
         server.group = dist.group.WORLD
     try:
-        server.run(steps, worker_pids)
+        server.run(steps, worker_pids, start)
     finally:
         if cfg.hosts > 1:
             dist.destroy_process_group()

@@ -16,7 +16,30 @@ from carina.offload.disagg.control import Control
 from carina.offload.disagg.layout import SharedLayout, view
 from carina.offload.disagg.server import publish_dtype
 
-__all__ = ["DisaggWorker"]
+__all__ = ["DisaggWorker", "PSLink"]
+
+
+class PSLink:
+    """One worker's end of the PS: its gradient slots, the published parameters, the step handshake."""
+
+    def __init__(self, cfg: DisaggConfig, rank: int, layout: SharedLayout, segment: Any, control: Control) -> None:
+        import torch
+
+        self.cfg, self.rank, self.control = cfg, rank, control
+        self.grads = {s.name: view(segment, s.grads[rank], s.shape, torch.float32) for s in layout.slots}
+        self.published = {s.name: view(segment, s.published, s.shape, publish_dtype(cfg)) for s in layout.slots}
+        self.step_index = 0
+
+    def exchange(self) -> None:
+        """Say this step's gradients are in place; wait until every shard has published the update."""
+        k = self.step_index
+        self.control.set_grad_step(self.rank, k + 1)
+        self.control.wait(
+            lambda: all(self.control.done_step(s) > k for s in range(self.cfg.ps_shards)),
+            timeout=self.cfg.step_timeout_s,
+            what=f"parameters of step {k}",
+        )
+        self.step_index += 1
 
 
 class DisaggWorker:
@@ -35,17 +58,14 @@ class DisaggWorker:
     ) -> None:
         import torch
 
-        self.cfg, self.rank, self.control, self.device = cfg, rank, control, device
+        self.device = device
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if [n for n, _ in params] != [s.name for s in layout.slots]:
             raise ConfigError("the worker's model does not match the PS layout", key="model")
+        self.link = PSLink(cfg, rank, layout, segment, control)
         self.params = [p for _, p in params]
-        self.slots = {
-            id(p): view(segment, s.grads[rank], s.shape, torch.float32)
-            for p, s in zip(self.params, layout.slots, strict=True)
-        }
-        self.published = [view(segment, s.published, s.shape, publish_dtype(cfg)) for s in layout.slots]
-        self.step_index = 0
+        self.slots = {id(p): self.link.grads[n] for n, p in params}
+        self.published = [self.link.published[n] for n, _ in params]
         self._pending: list[Any] = []
         if device.startswith("cuda"):  # page-lock the shared segment so copies are DMA
             torch.cuda.cudart().cudaHostRegister(segment.data_ptr(), segment.numel(), 0)
@@ -77,12 +97,5 @@ class DisaggWorker:
         for event in self._pending:
             event.synchronize()
         self._pending.clear()
-        k = self.step_index
-        self.control.set_grad_step(self.rank, k + 1)
-        self.control.wait(
-            lambda: all(self.control.done_step(s) > k for s in range(self.cfg.ps_shards)),
-            timeout=self.cfg.step_timeout_s,
-            what=f"parameters of step {k}",
-        )
+        self.link.exchange()
         self.load_published()
-        self.step_index += 1
