@@ -8,7 +8,7 @@ import pytest
 from carina.core.errors import BackendUnavailable, IOEngineError
 from carina.infra.storage.codecs import Codec, Op
 from carina.infra.storage.config import EngineConfig, EngineKind
-from carina.infra.storage.engines import InlineEngine, ProcessEngine, TorchEngine, build_engine
+from carina.infra.storage.engines import InlineEngine, ProcessEngine, ThreadEngine, TorchEngine, _split, build_engine
 
 B = 16 << 10
 
@@ -47,6 +47,36 @@ def test_process_pool_matches_inline_and_coalesces(codec: Codec) -> None:
     finally:
         inline.close()
         pool.close()
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD, Codec.ZLIB])
+def test_thread_pool_matches_inline_round_trip(codec: Codec) -> None:
+    blocks = _blocks()
+    n = len(blocks)
+    inline, pool = InlineEngine(4 * n * B), ThreadEngine(4 * n * B, workers=3)
+    try:
+        for engine in (inline, pool):
+            _fill(engine, blocks)
+        ref = asyncio.run(_compress_in_many_submits(inline, n, codec))
+        got = asyncio.run(_compress_in_many_submits(pool, n, codec))
+        assert got == ref and pool.batches == 1 and pool.jobs == n
+        assert bytes(pool.arena.view[n * B : 2 * n * B]) == bytes(inline.arena.view[n * B : 2 * n * B])
+        flat = [res[0] for res in got]
+        back = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc) for i, (c, ln, crc) in enumerate(flat)]
+        back = [job for job in back if job[3]]
+        assert [ln for _, ln, _ in asyncio.run(pool.run(back))] == [B] * len(back) and len(back) == 12
+        for i, (_, ln, _) in enumerate(flat):
+            if ln:
+                assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
+    finally:
+        inline.close()
+        pool.close()
+
+
+def test_split_cuts_batches_into_worker_pieces() -> None:
+    assert _split(16, 3, 1) == [(0, 6), (6, 12), (12, 16)]
+    assert _split(3, 8, 2) == [(0, 3)]
+    assert _split(1, 4, 1) == [(0, 1)]
 
 
 def test_torch_engine_on_cpu_matches_the_inline_zvc_path() -> None:

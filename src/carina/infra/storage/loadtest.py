@@ -39,7 +39,7 @@ from carina.infra.storage.config import CodecName
 
 __all__ = ["SYSTEMS", "BenchConfig", "codec_throughput", "make_dataset", "run_bench"]
 
-SYSTEMS = ("process", "inline", "forward", "nbdkit")
+SYSTEMS = ("process", "thread", "inline", "forward", "nbdkit")
 
 
 @dataclass(kw_only=True)
