@@ -25,14 +25,20 @@ from carina.infra.storage.enginebench import engine_rate, payload_dataset
 def _configs(args: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
     out = [("inline", EngineConfig(kind=EngineKind.INLINE, workers=1))]
     for kind in args.pools.split(","):
-        for w in (int(x) for x in args.workers.split(",")):
+        counts = args.process_workers if kind == "process" and args.process_workers else args.workers
+        for w in (int(x) for x in counts.split(",")):
             out.append((f"{kind}x{w}", EngineConfig(kind=EngineKind(kind), workers=w)))
     return out
 
 
 def _measure(args: argparse.Namespace, data: dict[int, bytes]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    cases = [(c, b) for c in args.codecs.split(",") for b in data]
+    from carina.infra.storage.codecs import codec_available
+
+    codecs = [c for c in args.codecs.split(",") if c == "zvc" or not codec_available(Codec[c.upper()])]
+    for c in set(args.codecs.split(",")) - set(codecs):
+        print(f"skipping {c}: {codec_available(Codec[c.upper()])}", flush=True)
+    cases = [(c, b) for c in codecs for b in data]
     for rnd in range(args.rounds):  # every configuration once per round: load drift hits all alike
         for codec, block in cases:
             for label, cfg in _configs(args) if codec != "zvc" else []:  # zvc runs on the torch engine only
@@ -61,9 +67,10 @@ def figures(rows: list[dict[str, Any]], main: str) -> list[Figure]:
     for codec, block in sorted({(r["codec"], r["block"]) for r in rows}):
         case = [r for r in rows if r["codec"] == codec and r["block"] == block]
         systems = sorted({r["system"] for r in case})
-        if main not in systems:
-            continue
         lab = f"{codec}_{block >> 10}k"
+        if main not in systems:
+            out += _cross_codec(rows, case, lab)
+            continue
         for op in ("compress", "decompress"):
             key = f"{op}_mb_s"
             med = {s: _median([r for r in case if r["system"] == s], key) for s in systems}
@@ -82,12 +89,27 @@ def figures(rows: list[dict[str, Any]], main: str) -> list[Figure]:
     return out
 
 
+def _cross_codec(rows: list[dict[str, Any]], case: list[dict[str, Any]], lab: str) -> list[Figure]:
+    """A torch (GPU) ZVC case against every CPU configuration of the other codecs at the same block size."""
+    out: list[Figure] = []
+    for system in sorted({r["system"] for r in case if r["engine"] == "torch"}):
+        mine = [r for r in case if r["system"] == system]
+        others = [r for r in rows if r["block"] == mine[0]["block"] and r["engine"] != "torch"]
+        for op in ("compress", "decompress"):
+            key = f"{op}_mb_s"
+            peers = {f"{s} ({c})": _median([r for r in others if (r["system"], r["codec"]) == (s, c)], key)
+                     for s, c in sorted({(r["system"], r["codec"]) for r in others})}  # fmt: skip
+            out.append(Figure(name=f"{lab}_{system}_{op}_mb_s", value=_median(mine, key), unit="MB/s", peers=peers))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--codecs", default="lz4,zlib,zstd")
     ap.add_argument("--blocks", default="4K,64K")
     ap.add_argument("--pools", default="thread,process")
-    ap.add_argument("--workers", default="2")
+    ap.add_argument("--workers", default="2", help="comma-separated pool sizes")
+    ap.add_argument("--process-workers", default="", help="pool sizes of the process pool (default: --workers)")
     ap.add_argument("--main", default="", help="system the figures are about (default: first pool, most workers)")
     ap.add_argument("--request", type=parse_size, default=64 << 10, help="bytes per submitted batch (NBD request)")
     ap.add_argument("--streams", type=int, default=16, help="batches in flight (queue depth)")

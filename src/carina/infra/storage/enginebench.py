@@ -162,7 +162,8 @@ def engine_rate(
 def payload_dataset(nbytes: int, block: int) -> bytes:
     """Realistic non-zero payload: Python sources and shared libraries, ~60/40, all-zero blocks dropped.
 
-    Deterministic for a given Python installation (sorted file lists, whole files).
+    Deterministic for a given Python installation (sorted file lists, whole files);
+    repeated to ``nbytes`` when the installation has fewer bytes (blocks are coded independently).
     """
     import sysconfig
 
@@ -185,5 +186,6 @@ def payload_dataset(nbytes: int, block: int) -> bytes:
     for i in range(0, max(len(a), len(b)), 3 * block):  # interleave 3 text blocks with 2 binary blocks
         mixed += a[i : i + 3 * block] + b[i * 2 // 3 : i * 2 // 3 + 2 * block]
     zero = bytes(block)
-    blocks = [mixed[i : i + block] for i in range(0, len(mixed) - block + 1, block)]
-    return b"".join(bytes(x) for x in blocks if x != zero)
+    blocks = [bytes(mixed[i : i + block]) for i in range(0, len(mixed) - block + 1, block)]
+    kept = b"".join(x for x in blocks if x != zero)
+    return (kept * (nbytes // max(len(kept), 1) + 1))[:nbytes] if kept else kept
