@@ -117,3 +117,36 @@ def test_build_engine_refuses_codecs_an_engine_cannot_run() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(BackendUnavailable, match="CUDA"):
             TorchEngine(B, device="cuda")
+
+
+def test_a_request_completes_with_its_own_piece_not_the_whole_batch() -> None:
+    """No lockstep: requests in a finished piece resume while another piece of the same turn still runs."""
+    from carina.infra.storage.engines import Arena, PayloadEngine
+
+    class Manual(PayloadEngine):
+        pieces = 2
+
+        def __init__(self) -> None:
+            super().__init__(Arena(1 << 16))
+            self.launched: list[tuple[list, object]] = []
+
+        def _launch(self, jobs, done) -> None:  # type: ignore[no-untyped-def]
+            self.launched.append((jobs, done))
+
+    async def go() -> None:
+        engine = Manual()
+        job = (Op.COMPRESS, Codec.RAW, 0, 8, 8, 8, 0)
+        first = asyncio.ensure_future(engine.run([job, job]))
+        second = asyncio.ensure_future(engine.run([job, job]))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert [len(jobs) for jobs, _ in engine.launched] == [2, 2] and engine.batches == 1
+        engine.launched[1][1]([(0, 8, 1), (0, 8, 2)])  # second piece finishes first
+        await asyncio.sleep(0)
+        assert second.done() and not first.done()
+        assert second.result() == [(0, 8, 1), (0, 8, 2)]
+        engine.launched[0][1]([(0, 8, 3), (0, 8, 4)])
+        assert await first == [(0, 8, 3), (0, 8, 4)]
+        engine.close()
+
+    asyncio.run(go())
