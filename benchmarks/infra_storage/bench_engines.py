@@ -76,6 +76,9 @@ def figures(rows: list[dict[str, Any]], main: str) -> list[Figure]:
             med = {s: _median([r for r in case if r["system"] == s], key) for s in systems}
             out.append(Figure(name=f"{lab}_{op}_mb_s", value=med[main], unit="MB/s",
                               peers={s: v for s, v in med.items() if s != main}))  # fmt: skip
+            cpu = {s: _median([r for r in case if r["system"] == s], f"{op}_cpu_s_per_gb") for s in systems}
+            out.append(Figure(name=f"{lab}_{op}_cpu_s_per_gb", value=cpu[main], unit="s/GB", higher_is_better=False,
+                              peers={s: v for s, v in cpu.items() if s != main}))  # fmt: skip
             ratios = []
             for rnd in sorted({r["round"] for r in case}):
                 got = {r["system"]: r[key] for r in case if r["round"] == rnd}
