@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--data", type=parse_size, default=256 << 20)
     ap.add_argument("--batch", type=parse_size, default=64 << 20, help="bytes per kernel launch batch")
     ap.add_argument("--request", type=parse_size, default=1 << 20, help="bytes per engine request (engine path)")
+    ap.add_argument("--engine-data", type=parse_size, default=16 << 20, help="data set bytes of the engine path")
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=5)
@@ -91,7 +92,8 @@ def main() -> None:
     for block in (parse_size(b) for b in args.blocks.split(",")):
         data = payload_dataset(args.data, block)
         row = measure(data, block=block, batch_bytes=args.batch, device=args.device, reps=args.reps)
-        eng = engine_rate(EngineConfig(kind=EngineKind.TORCH, device=args.device), Codec.ZVC, data, block=block,
+        eng = engine_rate(EngineConfig(kind=EngineKind.TORCH, device=args.device), Codec.ZVC,
+                          data[: args.engine_data], block=block,
                           batch=max(1, args.request // block), streams=args.streams, seconds=args.seconds)  # fmt: skip
         row.update({f"engine_{k}": v for k, v in eng.items() if k.endswith(("mb_s", "per_gb", "ratio"))})
         rows.append(row)

@@ -98,7 +98,7 @@ class _Bench:
         jobs = [(int(Op.COMPRESS), self.codec, j * b, b, (n + j) * b, b, 0) for j in range(n)]
         self.stored: list[tuple[int, bytes, int]] = [
             (used, bytes(scratch[(n + j) * b : (n + j) * b + ln]), crc)
-            for j, (used, ln, crc) in enumerate(run_jobs(scratch, jobs))
+            for j, (used, ln, crc) in enumerate(run_jobs(scratch, jobs, device=getattr(engine, "device", "cpu")))
         ]
 
     def block_of(self, stream: int, k: int, i: int) -> int:

@@ -37,7 +37,7 @@ from carina.core.errors import BackendUnavailable, IOEngineError
 from carina.infra.storage.codecs import Codec, Job, Result, codec_available, run_jobs
 from carina.infra.storage.config import EngineConfig, EngineKind
 
-__all__ = ["Arena", "InlineEngine", "PayloadEngine", "ProcessEngine", "ThreadEngine", "TorchEngine", "build_engine"]
+__all__ = ["Arena", "InlineEngine", "PayloadEngine", "ProcessEngine", "ThreadEngine", "build_engine"]
 
 log = logging.getLogger("carina.infra.storage")
 
@@ -358,55 +358,6 @@ class ProcessEngine(PayloadEngine):
         super().close()
 
 
-class TorchEngine(PayloadEngine):
-    """Batched ZVC kernels in torch on ``device`` (CUDA when present), one launch per batch."""
-
-    name = "torch"
-
-    def __init__(self, arena_bytes: int, *, device: str = "auto") -> None:
-        import torch
-
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BackendUnavailable("torch engine asked for CUDA but none is visible", device=device)
-        super().__init__(Arena(arena_bytes))
-        self.device = device
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="carina-torch-codec")
-        self._pool.submit(self._warm_up).result()
-
-    def _warm_up(self) -> None:
-        """Run each kernel once so the first client request does not pay for lazy initialisation."""
-        import torch
-
-        from carina.infra.storage.zvc import zvc_compress, zvc_decompress
-
-        blocks = (torch.arange(1024, dtype=torch.int32) % 3).to(torch.uint8).view(2, 512).to(self.device)
-        bitmaps, _, values = zvc_compress(blocks)
-        zvc_decompress(bitmaps, values)
-
-    def unsupported_reasons(self, request: Any = None) -> list[str]:
-        """The torch engine runs ZVC (and stores raw); other codecs need a CPU engine."""
-        if isinstance(request, Codec) and request not in (Codec.ZVC, Codec.RAW):
-            return [f"the torch engine has no {request.name.lower()} kernel; use --codec zvc"]
-        return super().unsupported_reasons(request)
-
-    def _launch(self, jobs: list[Job], done: _Done) -> None:
-        loop = asyncio.get_running_loop()
-        fut = self._pool.submit(run_jobs, self.arena.view, jobs, device=self.device)
-
-        def finished(f: Future[list[Result]]) -> None:
-            exc = f.exception()
-            loop.call_soon_threadsafe(done, exc if exc is not None else f.result())
-
-        fut.add_done_callback(finished)
-
-    def close(self) -> None:
-        """Stop the launch thread, unmap the arena."""
-        self._pool.shutdown(wait=True)
-        super().close()
-
-
 def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> PayloadEngine:
     """Build the engine ``config`` names and check it can run ``codec``.
 
@@ -421,9 +372,20 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
     elif config.kind == EngineKind.PROCESS:
         engine = ProcessEngine(arena_bytes, workers=config.workers)
     else:
+        from carina.infra.storage.torch_engine import TorchEngine
+
         engine = TorchEngine(arena_bytes, device=config.device)
     reasons = engine.unsupported_reasons(codec)
     if reasons:
         engine.close()
         raise BackendUnavailable(f"{engine.name} engine cannot run {codec.name.lower()}: {'; '.join(reasons)}")
     return engine
+
+
+def __getattr__(name: str) -> Any:
+    """``TorchEngine`` lives in :mod:`carina.infra.storage.torch_engine` (imported on first use)."""
+    if name == "TorchEngine":
+        from carina.infra.storage.torch_engine import TorchEngine
+
+        return TorchEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
