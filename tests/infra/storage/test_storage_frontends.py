@@ -68,8 +68,10 @@ def test_front_end_processes_share_one_store_with_real_clients(tmp_path: Path) -
     assert all(f["errors"] == 0 and f["protocol_errors"] == 0 for f in stopped["frontends"])
     # 2: two front ends (process engine) overwrite the patches, then the server is SIGKILLed (no checkpoint)
     tier = TierProcess([*args, "--engine", "process", "--workers", "1", "--frontends", "2"])
-    _concurrent_clients(tier.url, 0x51, [])
-    tier.kill()
+    try:
+        _concurrent_clients(tier.url, 0x51, [])
+    finally:
+        tier.kill()
     _expect(image, 0x51)
     # 3: one front end replays the shared log: every acknowledged write is there
     with TierProcess([*args, "--engine", "inline"]) as tier:
