@@ -19,7 +19,7 @@ from typing import Any
 from carina.core.bench import Figure, make_record, write_record
 from carina.infra.storage.codecs import Codec
 from carina.infra.storage.config import EngineConfig, EngineKind, parse_size
-from carina.infra.storage.enginebench import engine_rate, payload_dataset
+from carina.infra.storage.enginebench import available_cores, engine_rate, payload_dataset
 
 
 def _configs(args: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
@@ -106,6 +106,16 @@ def _cross_codec(rows: list[dict[str, Any]], case: list[dict[str, Any]], lab: st
     return out
 
 
+def _cores_figure(cores: list[float]) -> Figure:
+    return Figure(
+        name="available_cores",
+        value=min(cores),
+        unit="cores",
+        ceiling=float(os.cpu_count() or 1),
+        ceiling_source="os.cpu_count(); the value is the CPU busy-looping processes got (lower of before/after)",
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--codecs", default="lz4,zlib,zstd")
@@ -126,22 +136,26 @@ def main() -> None:
     blocks = [parse_size(b) for b in args.blocks.split(",")]
     data = {b: payload_dataset(args.data, b) for b in blocks}
     load0, t0 = os.getloadavg(), time.time()
+    cores = [available_cores()]
     rows = _measure(args, data)
+    cores.append(available_cores())
+    print(f"available cores before/after: {cores[0]:.2f} / {cores[1]:.2f} of {os.cpu_count()}", flush=True)
     main_sys = args.main or f"{args.pools.split(',')[0]}x{max(int(w) for w in args.workers.split(','))}"
     notes = (
         f"Payload engines alone, in one process (no NBD, no client): {args.streams} batches of {args.request} B "
         f"in flight, interleaved rounds, median. Data: Python sources and shared libraries (60/40), all-zero "
         f"blocks dropped. {os.cpu_count()} CPUs; load average {[round(x, 1) for x in load0]} -> "
-        f"{[round(x, 1) for x in os.getloadavg()]} over {time.time() - t0:.0f} s (other jobs shared the machine)."
+        f"{[round(x, 1) for x in os.getloadavg()]} over {time.time() - t0:.0f} s (other jobs shared the machine); "
+        f"{os.cpu_count()} busy-looping processes got {cores[0]:.2f} cores before and {cores[1]:.2f} after the run."
     )
     if args.no_record:
         return
     record = make_record(
         name=args.name,
-        figures=figures(rows, main_sys),
+        figures=[_cores_figure(cores), *figures(rows, main_sys)],
         config=vars(args),
         command=["python", *sys.argv],
-        metrics={"rows": rows, "main": main_sys},
+        metrics={"rows": rows, "main": main_sys, "available_cores": cores},
         notes=notes,
     )
     print("record:", write_record(record))

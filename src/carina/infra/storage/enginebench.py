@@ -28,7 +28,7 @@ from carina.infra.storage.codecs import Codec, Job, Op, run_jobs
 from carina.infra.storage.config import EngineConfig
 from carina.infra.storage.engines import PayloadEngine, build_engine
 
-__all__ = ["cpu_seconds_self", "engine_rate"]
+__all__ = ["available_cores", "cpu_seconds_self", "engine_rate", "payload_dataset"]
 
 
 def cpu_seconds_self() -> float:
@@ -223,3 +223,29 @@ def payload_dataset(nbytes: int, block: int) -> bytes:
     blocks = [bytes(mixed[i : i + block]) for i in range(0, len(mixed) - block + 1, block)]
     kept = b"".join(x for x in blocks if x != zero)
     return (kept * (nbytes // max(len(kept), 1) + 1))[:nbytes] if kept else kept
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def available_cores(seconds: float = 1.0) -> float:
+    """CPU this process could get right now: ``cpu_count`` busy-looping processes, their CPU-seconds per second.
+
+    On a machine shared with other jobs this is what a worker pool can use at most,
+    whatever ``os.cpu_count()`` says.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    t0, w0 = os.times(), time.perf_counter()
+    procs = [ctx.Process(target=_spin, args=(seconds,)) for _ in range(os.cpu_count() or 1)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join()
+    t1 = os.times()
+    used = (t1.children_user + t1.children_system) - (t0.children_user + t0.children_system)
+    return used / (time.perf_counter() - w0)
