@@ -136,9 +136,9 @@ def main() -> None:
     blocks = [parse_size(b) for b in args.blocks.split(",")]
     data = {b: payload_dataset(args.data, b) for b in blocks}
     load0, t0 = os.getloadavg(), time.time()
-    cores = [available_cores()]
+    cores = [available_cores(0.5)]
     rows = _measure(args, data)
-    cores.append(available_cores())
+    cores.append(available_cores(0.5))
     print(f"available cores before/after: {cores[0]:.2f} / {cores[1]:.2f} of {os.cpu_count()}", flush=True)
     main_sys = args.main or f"{args.pools.split(',')[0]}x{max(int(w) for w in args.workers.split(','))}"
     notes = (
