@@ -22,9 +22,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--codec", default="lz4", choices=["lz4", "zstd", "zlib"])
+    ap.add_argument("--systems", default="process,inline,forward,nbdkit", help="comma-separated systems to run")
+    ap.add_argument("--main", default="process", help="system the record's figures are about")
+    ap.add_argument("--name", default="", help="record name (default infra_storage_tier[_<codec>])")
     args = ap.parse_args()
+    systems = args.systems.split(",")
     if args.quick:
-        cfg = BenchConfig(image_bytes=32 << 20, seconds=1.0, runs=1, workers=args.workers, codec=args.codec)
+        cfg = BenchConfig(
+            image_bytes=32 << 20, seconds=1.0, runs=1, workers=args.workers, codec=args.codec, systems=systems
+        )
     else:
         cfg = BenchConfig(
             image_bytes=args.image_mib << 20,
@@ -32,8 +38,9 @@ def main() -> None:
             runs=args.runs,
             workers=args.workers,
             codec=args.codec,
+            systems=systems,
         )
-    result = run_bench(cfg, record=not args.quick, command=["python", *sys.argv])
+    result = run_bench(cfg, record=not args.quick, command=["python", *sys.argv], name=args.name, main=args.main)
     for row in result["rows"]:
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}))
     print(json.dumps({"ceilings": result["ceilings"], "record": result.get("record")}))

@@ -19,7 +19,7 @@ def _wait_all(h, cookies: list[int]) -> None:
         cookies[:] = [c for c in cookies if not h.aio_command_completed(c)]
 
 
-@pytest.mark.parametrize("engine", ["process", "inline"])
+@pytest.mark.parametrize("engine", ["process", "thread", "inline"])
 def test_random_aio_reads_and_writes_verify_against_a_shadow_copy(
     start_tier: Callable[..., TierThread], engine: str
 ) -> None:

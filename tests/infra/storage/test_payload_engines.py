@@ -8,7 +8,8 @@ import pytest
 from carina.core.errors import BackendUnavailable, IOEngineError
 from carina.infra.storage.codecs import Codec, Op
 from carina.infra.storage.config import EngineConfig, EngineKind
-from carina.infra.storage.engines import InlineEngine, ProcessEngine, TorchEngine, build_engine
+from carina.infra.storage.engines import InlineEngine, ProcessEngine, ThreadEngine, _split, build_engine
+from carina.infra.storage.torch_engine import TorchEngine
 
 B = 16 << 10
 
@@ -49,6 +50,36 @@ def test_process_pool_matches_inline_and_coalesces(codec: Codec) -> None:
         pool.close()
 
 
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD, Codec.ZLIB])
+def test_thread_pool_matches_inline_round_trip(codec: Codec) -> None:
+    blocks = _blocks()
+    n = len(blocks)
+    inline, pool = InlineEngine(4 * n * B), ThreadEngine(4 * n * B, workers=3)
+    try:
+        for engine in (inline, pool):
+            _fill(engine, blocks)
+        ref = asyncio.run(_compress_in_many_submits(inline, n, codec))
+        got = asyncio.run(_compress_in_many_submits(pool, n, codec))
+        assert got == ref and pool.batches == 1 and pool.jobs == n
+        assert bytes(pool.arena.view[n * B : 2 * n * B]) == bytes(inline.arena.view[n * B : 2 * n * B])
+        flat = [res[0] for res in got]
+        back = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc) for i, (c, ln, crc) in enumerate(flat)]
+        back = [job for job in back if job[3]]
+        assert [ln for _, ln, _ in asyncio.run(pool.run(back))] == [B] * len(back) and len(back) == 12
+        for i, (_, ln, _) in enumerate(flat):
+            if ln:
+                assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
+    finally:
+        inline.close()
+        pool.close()
+
+
+def test_split_cuts_batches_into_worker_pieces() -> None:
+    assert _split(16, 3, 1) == [(0, 6), (6, 12), (12, 16)]
+    assert _split(3, 8, 2) == [(0, 3)]
+    assert _split(1, 4, 1) == [(0, 1)]
+
+
 def test_torch_engine_on_cpu_matches_the_inline_zvc_path() -> None:
     blocks = _blocks()
     n = len(blocks)
@@ -87,3 +118,36 @@ def test_build_engine_refuses_codecs_an_engine_cannot_run() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(BackendUnavailable, match="CUDA"):
             TorchEngine(B, device="cuda")
+
+
+def test_a_request_completes_with_its_own_piece_not_the_whole_batch() -> None:
+    """No lockstep: requests in a finished piece resume while another piece of the same turn still runs."""
+    from carina.infra.storage.engines import Arena, PayloadEngine
+
+    class Manual(PayloadEngine):
+        pieces = 2
+
+        def __init__(self) -> None:
+            super().__init__(Arena(1 << 16))
+            self.launched: list[tuple[list, object]] = []
+
+        def _launch(self, jobs, done) -> None:  # type: ignore[no-untyped-def]
+            self.launched.append((jobs, done))
+
+    async def go() -> None:
+        engine = Manual()
+        job = (Op.COMPRESS, Codec.RAW, 0, 8, 8, 8, 0)
+        first = asyncio.ensure_future(engine.run([job, job]))
+        second = asyncio.ensure_future(engine.run([job, job]))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert [len(jobs) for jobs, _ in engine.launched] == [2, 2] and engine.batches == 1
+        engine.launched[1][1]([(0, 8, 1), (0, 8, 2)])  # second piece finishes first
+        await asyncio.sleep(0)
+        assert second.done() and not first.done()
+        assert second.result() == [(0, 8, 1), (0, 8, 2)]
+        engine.launched[0][1]([(0, 8, 3), (0, 8, 4)])
+        assert await first == [(0, 8, 3), (0, 8, 4)]
+        engine.close()
+
+    asyncio.run(go())

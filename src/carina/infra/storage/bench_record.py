@@ -10,7 +10,13 @@ from carina.core.progress import to_jsonable
 
 __all__ = ["figures_from", "write_bench_record"]
 
-_PEERS = {"inline": "carina-inline (1 process)", "forward": "carina-forward (no compression)", "nbdkit": "nbdkit-file"}
+_PEERS = {
+    "inline": "carina-inline (1 process)",
+    "forward": "carina-forward (no compression)",
+    "nbdkit": "nbdkit-file",
+    "process": "carina-process (worker processes)",
+    "thread": "carina-thread (codec threads)",
+}
 
 
 def _label(block: int) -> str:
@@ -58,16 +64,20 @@ def _without_checkout_paths(value: Any, root: str) -> Any:
     return value.replace(root, "<repo>") if isinstance(value, str) else value
 
 
-def write_bench_record(config: Any, result: dict[str, Any], *, command: list[str] | None = None) -> Path:
-    """Write the record ``infra_storage_tier[_<codec>]`` under ``benchmarks/results/<machine>/``.
+def write_bench_record(
+    config: Any, result: dict[str, Any], *, command: list[str] | None = None, name: str = "", main: str = "process"
+) -> Path:
+    """Write the record ``infra_storage_tier[_<codec>]`` (or ``name``) under ``benchmarks/results/<machine>/``.
 
-    LZ4 (the default codec) writes ``infra_storage_tier``; other codecs add their name.
+    LZ4 (the default codec) writes ``infra_storage_tier``; other codecs add their name. ``main`` is the
+    system the figures are about; the others are its peers.
     """
     notes = (
         "Codec {codec}. Loopback on one machine: fio (ioengine=nbd, QD {qd}) and the servers share its cores; "
         "all systems run side by side and fio runs are interleaved across them, median of the runs. "
         "Systems: process = "
-        "carina tier with the worker-pool engine ({w} workers); inline = same tier, header and payload in one "
+        "carina tier with the worker-pool engine ({w} workers); thread = the same with {w} codec threads; "
+        "inline = same tier, header and payload in one "
         "process; forward = carina tier with codec raw; nbdkit-file = plain uncompressed NBD server. Data set: ext4 "
         "image with Python sources and shared libraries; fio writes carry 50%-compressible buffers. Load average "
         "during the run: {l0} -> {l1} (other jobs shared the machine)."
@@ -82,8 +92,8 @@ def write_bench_record(config: Any, result: dict[str, Any], *, command: list[str
     environment = _without_checkout_paths(to_jsonable(collect(paths=())), root)
     record = make_record(
         environment=environment,
-        name="infra_storage_tier" + ("" if config.codec.value == "lz4" else f"_{config.codec.value}"),
-        figures=figures_from(result),
+        name=name or "infra_storage_tier" + ("" if config.codec.value == "lz4" else f"_{config.codec.value}"),
+        figures=figures_from(result, main=main),
         config=config,
         command=command,
         metrics={"rows": result["rows"], "codec_single_core": result["ceilings"]},

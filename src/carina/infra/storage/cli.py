@@ -48,8 +48,8 @@ def serve(
     size: _SizeOpt = "1G",
     block_size: Annotated[str, typer.Option(help="Compression block size.")] = "64K",
     codec: Annotated[str, typer.Option(help="raw, zlib, lz4, zstd or zvc.")] = "lz4",
-    engine: Annotated[str, typer.Option(help="Payload engine: inline, process or torch.")] = "process",
-    workers: Annotated[int, typer.Option(help="Worker processes of the process engine.")] = 2,
+    engine: Annotated[str, typer.Option(help="Payload engine: inline, thread, process or torch.")] = "process",
+    workers: Annotated[int, typer.Option(help="Threads (thread engine) or worker processes (process engine).")] = 2,
     device: Annotated[str, typer.Option(help="Torch engine device (auto, cpu, cuda).")] = "auto",
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks one).")] = 10809,
@@ -58,6 +58,7 @@ def serve(
     loop: Annotated[str, typer.Option(help="Event loop: auto, asyncio or uvloop.")] = "auto",
     stats_interval: Annotated[float, typer.Option(help="Seconds between live stats.")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a live line.")] = False,
+    frontends: Annotated[int, typer.Option(help="Front-end processes sharing the port (SO_REUSEPORT).")] = 1,
 ) -> None:
     """Serve the store over NBD until interrupted (Ctrl-C or SIGTERM), with live stats."""
     from carina.infra.storage.service import run
@@ -67,6 +68,9 @@ def serve(
     except CarinaError as exc:
         raise typer.BadParameter(str(exc)) from exc
     out = console(stderr=True)
+    if frontends > 1:
+        _serve_many(cfg, frontends, as_json=as_json)
+        return
 
     def ready(server: Any) -> None:
         url = f"nbd://{cfg.server.host}:{server.ports[0]}/{cfg.server.export}"
@@ -85,6 +89,31 @@ def serve(
 
     try:
         final = run(cfg, ready=ready, on_stats=live)
+    except CarinaError as exc:
+        out.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from exc
+    if as_json:
+        _line({"event": "stopped", **final})
+
+
+def _serve_many(cfg: Any, frontends: int, *, as_json: bool) -> None:
+    """``serve --frontends N``: N front-end processes over one shared store (no live stats line)."""
+    from carina.infra.storage.frontends import run_frontends
+
+    out = console(stderr=True)
+
+    def ready(info: dict[str, Any]) -> None:
+        url = f"nbd://{cfg.server.host}:{info['port']}/{cfg.server.export}"
+        if as_json:
+            _line({"event": "ready", "url": url, "port": info["port"], "engine": cfg.engine.kind.value,
+                   "frontends": frontends, "pids": info["pids"]})  # fmt: skip
+        else:
+            out.print(f"serving {url} from {frontends} front-end processes {info['pids']}")
+            sys.stdout.write(f"READY {url}\n")
+            sys.stdout.flush()
+
+    try:
+        final = run_frontends(cfg, processes=frontends, ready=ready)
     except CarinaError as exc:
         out.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from exc

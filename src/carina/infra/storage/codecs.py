@@ -15,9 +15,9 @@ and always the CRC-32 of what is stored. Decompressing checks that CRC first.
 from __future__ import annotations
 
 import enum
+import threading
 import zlib
 from collections.abc import Callable, Sequence
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -78,13 +78,19 @@ def codec_available(codec: Codec) -> str | None:
     return None
 
 
-@cache
+_LOCAL = threading.local()
+
+
 def _zstd() -> tuple[Any, Any]:
-    try:
-        import zstandard
-    except ImportError as exc:
-        raise BackendUnavailable("zstd needs zstandard: pip install 'carina[infra]'") from exc
-    return zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
+    """This thread's zstd contexts (zstandard's contexts must not be shared between threads)."""
+    ctx = getattr(_LOCAL, "zstd", None)
+    if ctx is None:
+        try:
+            import zstandard
+        except ImportError as exc:
+            raise BackendUnavailable("zstd needs zstandard: pip install 'carina[infra]'") from exc
+        ctx = _LOCAL.zstd = (zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor())
+    return ctx
 
 
 def _lz4() -> Any:

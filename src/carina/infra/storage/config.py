@@ -50,6 +50,7 @@ class EngineKind(enum.Enum):
     """Where payloads are (de)compressed."""
 
     INLINE = "inline"  # in the front end's own thread: header and payload in one process
+    THREAD = "thread"  # a pool of threads in the same process (the codecs release the GIL)
     PROCESS = "process"  # a pool of worker processes sharing the payload arena
     TORCH = "torch"  # batched torch kernels (ZVC) on a GPU, or on the CPU with the same code
 
@@ -109,8 +110,8 @@ class EngineConfig(Config):
     """The payload engine.
 
     Attributes:
-        kind: ``inline``, ``process`` or ``torch``.
-        workers: Worker processes of the ``process`` engine.
+        kind: ``inline``, ``thread``, ``process`` or ``torch``.
+        workers: Threads of the ``thread`` engine, worker processes of the ``process`` engine.
         device: Torch device of the ``torch`` engine (``auto``: CUDA when present, else CPU).
     """
 

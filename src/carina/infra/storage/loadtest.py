@@ -7,7 +7,8 @@ source text and binaries, the rest free space) and the same client load:
 * ``randread`` / ``randwrite``: fio ``ioengine=nbd`` at queue depth 32, one request size;
   writes carry fio's 50 %-compressible buffers.
 
-Systems: ``process`` (the tier with its worker-pool engine), ``inline`` (the
+Systems: ``process`` (the tier with its worker-pool engine), ``thread`` (the
+tier with codec threads), ``inline`` (the
 same tier with header and payload in one process), ``forward`` (the tier with
 codec ``raw``: no compression) and ``nbdkit`` (nbdkit's plain file plugin, an
 uncompressed NBD server). CPU time is read from ``/proc`` for each server's
@@ -39,7 +40,7 @@ from carina.infra.storage.config import CodecName
 
 __all__ = ["SYSTEMS", "BenchConfig", "codec_throughput", "make_dataset", "run_bench"]
 
-SYSTEMS = ("process", "inline", "forward", "nbdkit")
+SYSTEMS = ("process", "thread", "inline", "forward", "nbdkit")
 
 
 @dataclass(kw_only=True)
@@ -284,7 +285,9 @@ def _ceilings(image: Path, cfg: BenchConfig) -> dict[str, dict[str, float]]:
     return out
 
 
-def run_bench(cfg: BenchConfig, *, record: bool = False, command: list[str] | None = None) -> dict[str, Any]:
+def run_bench(
+    cfg: BenchConfig, *, record: bool = False, command: list[str] | None = None, name: str = "", main: str = "process"
+) -> dict[str, Any]:
     """Run every system on every block size; optionally write a benchmark record."""
     for tool in ("fio", "nbdcopy", "nbdkit"):
         if shutil.which(tool) is None:
@@ -304,5 +307,5 @@ def run_bench(cfg: BenchConfig, *, record: bool = False, command: list[str] | No
     if record:
         from carina.infra.storage.bench_record import write_bench_record
 
-        result["record"] = str(write_bench_record(cfg, result, command=command))
+        result["record"] = str(write_bench_record(cfg, result, command=command, name=name, main=main))
     return result

@@ -67,6 +67,7 @@ class NbdConnection(asyncio.BufferedProtocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
         self.transport.set_write_buffer_limits(high=4 << 20)
         self.server.connections.add(self)
+        self.server.accepted += 1
         self.stats.connections += 1
         self.handshake.start()
 
@@ -343,6 +344,7 @@ class NbdServer:
         self.export = export
         self.stats = stats or TierStats()
         self.connections: set[NbdConnection] = set()
+        self.accepted = 0
         self._servers: list[asyncio.Server] = []
         self.ports: list[int] = []
 
@@ -352,10 +354,15 @@ class NbdServer:
         f = p.TransmissionFlag
         return int(f.HAS_FLAGS | f.SEND_FLUSH | f.SEND_FUA | f.SEND_TRIM | f.SEND_WRITE_ZEROES | f.CAN_MULTI_CONN)
 
-    async def listen(self, host: str, port: int) -> int:
-        """Start listening on ``host:port`` (0 picks a port); return the port."""
+    async def listen(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Start listening on ``host:port`` (0 picks a port); return the port.
+
+        ``reuse_port``: share the port with other front-end processes (``SO_REUSEPORT``).
+        """
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: NbdConnection(self), host, port, reuse_address=True)
+        server = await loop.create_server(
+            lambda: NbdConnection(self), host, port, reuse_address=True, reuse_port=reuse_port or None
+        )
         self._servers.append(server)
         bound = int(server.sockets[0].getsockname()[1])
         self.ports.append(bound)

@@ -18,6 +18,7 @@ the machine losing power.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -269,6 +270,10 @@ class BlockStore:
     def _write_rest(self, bufs: list[bytes | memoryview], done: int) -> int:
         flat = b"".join(bytes(b) for b in bufs)[done:]
         return os.pwrite(self._fd, flat, self.tail + done)
+
+    def exclusive(self, lo: int, hi: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold blocks ``[lo, hi)`` against other processes sharing the store (none share a private one)."""
+        return contextlib.nullcontext()
 
     # -- durability --------------------------------------------------------------
     async def flush(self) -> None:

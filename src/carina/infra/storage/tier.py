@@ -250,7 +250,9 @@ class Tier:
         first, head = divmod(pos, b)
         nb = -(-(head + n) // b)
         tail = (head + n) % b
-        async with self.locks.hold(first, first + nb):
+        # partial edge blocks are read-modify-write: exclude other front-end processes from them too
+        edge_lock = self.store.exclusive(first, first + nb) if head or tail else contextlib.nullcontext()
+        async with self.locks.hold(first, first + nb), edge_lock:
             if head or tail:
                 await self._patch_edges(slot, first, nb, head, tail)
             jobs: list[Job] = [

@@ -50,7 +50,18 @@ def zvc_decompress(bitmaps: Any, values: Any) -> Any:
 
 
 def _rows(arena: np.ndarray, offsets: Sequence[int], length: int, device: str) -> Any:
+    """The blocks at ``offsets`` as one ``(n, length)`` tensor on ``device``.
+
+    Blocks of one request lie back to back in its slot; then the arena itself is
+    viewed (no gather copy) and copied once into pinned memory for the DMA.
+    """
     torch = _torch()
+    first, n = offsets[0], len(offsets)
+    if all(o == first + k * length for k, o in enumerate(offsets)):
+        rows = arena[first : first + n * length].reshape(n, length)
+        if device == "cpu":
+            return torch.from_numpy(rows.copy())
+        return torch.from_numpy(rows).pin_memory().to(device, non_blocking=True)
     host = torch.from_numpy(np.stack([arena[o : o + length] for o in offsets]))
     if device != "cpu":
         host = host.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,165 @@
+"""Payload engines alone (no network): inline vs thread pool vs process pool vs torch, interleaved rounds.
+
+Run (2-core CPU machine, the committed record):
+  .venv/bin/python benchmarks/infra_storage/bench_engines.py
+On the H100 machine (benchmarks/infra_storage/h100_s2.sh): --workers 1,2,4,8,16 --torch-device cuda.
+Writes <results>/<machine>/infra_storage_engines[<suffix>].json (CARINA_RESULTS_DIR overrides the folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from carina.core.bench import Figure, make_record, write_record
+from carina.infra.storage.codecs import Codec
+from carina.infra.storage.config import EngineConfig, EngineKind, parse_size
+from carina.infra.storage.enginebench import available_cores, engine_rate, payload_dataset
+
+
+def _configs(args: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
+    out = [("inline", EngineConfig(kind=EngineKind.INLINE, workers=1))]
+    for kind in args.pools.split(","):
+        counts = args.process_workers if kind == "process" and args.process_workers else args.workers
+        for w in (int(x) for x in counts.split(",")):
+            out.append((f"{kind}x{w}", EngineConfig(kind=EngineKind(kind), workers=w)))
+    return out
+
+
+def _measure(args: argparse.Namespace, data: dict[int, bytes]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    from carina.infra.storage.codecs import codec_available
+
+    codecs = [c for c in args.codecs.split(",") if c == "zvc" or not codec_available(Codec[c.upper()])]
+    for c in set(args.codecs.split(",")) - set(codecs):
+        print(f"skipping {c}: {codec_available(Codec[c.upper()])}", flush=True)
+    cases = [(c, b) for c in codecs for b in data]
+    for rnd in range(args.rounds):  # every configuration once per round: load drift hits all alike
+        for codec, block in cases:
+            for label, cfg in _configs(args) if codec != "zvc" else []:  # zvc runs on the torch engine only
+                batch = max(1, args.request // block)
+                r = engine_rate(cfg, Codec[codec.upper()], data[block], block=block, batch=batch,
+                                streams=args.streams, seconds=args.seconds)  # fmt: skip
+                rows.append({"round": rnd, "system": label, "load1": os.getloadavg()[0], **r})
+                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}),
+                      flush=True)  # fmt: skip
+            if args.torch_device and codec == "zvc":
+                cfg = EngineConfig(kind=EngineKind.TORCH, device=args.torch_device)
+                r = engine_rate(cfg, Codec.ZVC, data[block], block=block, batch=max(1, args.request // block),
+                                streams=args.streams, seconds=args.seconds)  # fmt: skip
+                rows.append({"round": rnd, "system": f"torch-{args.torch_device}", "load1": os.getloadavg()[0], **r})
+                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}))
+    return rows
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(r[key] for r in rows))
+
+
+def figures(rows: list[dict[str, Any]], main: str) -> list[Figure]:
+    """Per codec and block: the ``main`` pool's MB/s with every other system as a peer, and its speedup."""
+    out: list[Figure] = []
+    for codec, block in sorted({(r["codec"], r["block"]) for r in rows}):
+        case = [r for r in rows if r["codec"] == codec and r["block"] == block]
+        systems = sorted({r["system"] for r in case})
+        lab = f"{codec}_{block >> 10}k"
+        if main not in systems:
+            out += _cross_codec(rows, case, lab)
+            continue
+        for op in ("compress", "decompress"):
+            key = f"{op}_mb_s"
+            med = {s: _median([r for r in case if r["system"] == s], key) for s in systems}
+            out.append(Figure(name=f"{lab}_{op}_mb_s", value=med[main], unit="MB/s",
+                              peers={s: v for s, v in med.items() if s != main}))  # fmt: skip
+            cpu = {s: _median([r for r in case if r["system"] == s], f"{op}_cpu_s_per_gb") for s in systems}
+            out.append(Figure(name=f"{lab}_{op}_cpu_s_per_gb", value=cpu[main], unit="s/GB", higher_is_better=False,
+                              peers={s: v for s, v in cpu.items() if s != main}))  # fmt: skip
+            ratios = []
+            for rnd in sorted({r["round"] for r in case}):
+                got = {r["system"]: r[key] for r in case if r["round"] == rnd}
+                if "inline" in got and main in got and got["inline"] > 0:
+                    ratios.append(got[main] / got["inline"])
+            if ratios:
+                workers = int(main.rsplit("x", 1)[1]) if "x" in main else 1
+                out.append(Figure(name=f"{lab}_{op}_speedup", value=float(statistics.median(ratios)), unit="x",
+                                  ceiling=float(min(workers, os.cpu_count() or 1)),
+                                  ceiling_source="workers, capped by the machine's cores (no other load)"))  # fmt: skip
+    return out
+
+
+def _cross_codec(rows: list[dict[str, Any]], case: list[dict[str, Any]], lab: str) -> list[Figure]:
+    """A torch (GPU) ZVC case against every CPU configuration of the other codecs at the same block size."""
+    out: list[Figure] = []
+    for system in sorted({r["system"] for r in case if r["engine"] == "torch"}):
+        mine = [r for r in case if r["system"] == system]
+        others = [r for r in rows if r["block"] == mine[0]["block"] and r["engine"] != "torch"]
+        for op in ("compress", "decompress"):
+            key = f"{op}_mb_s"
+            peers = {f"{s} ({c})": _median([r for r in others if (r["system"], r["codec"]) == (s, c)], key)
+                     for s, c in sorted({(r["system"], r["codec"]) for r in others})}  # fmt: skip
+            out.append(Figure(name=f"{lab}_{system}_{op}_mb_s", value=_median(mine, key), unit="MB/s", peers=peers))
+    return out
+
+
+def _cores_figure(cores: list[float]) -> Figure:
+    return Figure(
+        name="available_cores",
+        value=min(cores),
+        unit="cores",
+        ceiling=float(os.cpu_count() or 1),
+        ceiling_source="os.cpu_count(); the value is the CPU busy-looping processes got (lower of before/after)",
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--codecs", default="lz4,zlib,zstd")
+    ap.add_argument("--blocks", default="4K,64K")
+    ap.add_argument("--pools", default="thread,process")
+    ap.add_argument("--workers", default="2", help="comma-separated pool sizes")
+    ap.add_argument("--process-workers", default="", help="pool sizes of the process pool (default: --workers)")
+    ap.add_argument("--main", default="", help="system the figures are about (default: first pool, most workers)")
+    ap.add_argument("--request", type=parse_size, default=64 << 10, help="bytes per submitted batch (NBD request)")
+    ap.add_argument("--streams", type=int, default=16, help="batches in flight (queue depth)")
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--data", type=parse_size, default=32 << 20)
+    ap.add_argument("--torch-device", default="", help="run the torch engine on this device for codec zvc")
+    ap.add_argument("--name", default="infra_storage_engines")
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args()
+    blocks = [parse_size(b) for b in args.blocks.split(",")]
+    data = {b: payload_dataset(args.data, b) for b in blocks}
+    load0, t0 = os.getloadavg(), time.time()
+    cores = [available_cores(0.5)]
+    rows = _measure(args, data)
+    cores.append(available_cores(0.5))
+    print(f"available cores before/after: {cores[0]:.2f} / {cores[1]:.2f} of {os.cpu_count()}", flush=True)
+    main_sys = args.main or f"{args.pools.split(',')[0]}x{max(int(w) for w in args.workers.split(','))}"
+    notes = (
+        f"Payload engines alone, in one process (no NBD, no client): {args.streams} batches of {args.request} B "
+        f"in flight, interleaved rounds, median. Data: Python sources and shared libraries (60/40), all-zero "
+        f"blocks dropped. {os.cpu_count()} CPUs; load average {[round(x, 1) for x in load0]} -> "
+        f"{[round(x, 1) for x in os.getloadavg()]} over {time.time() - t0:.0f} s (other jobs shared the machine); "
+        f"{os.cpu_count()} busy-looping processes got {cores[0]:.2f} cores before and {cores[1]:.2f} after the run."
+    )
+    if args.no_record:
+        return
+    record = make_record(
+        name=args.name,
+        figures=[_cores_figure(cores), *figures(rows, main_sys)],
+        config=vars(args),
+        command=["python", *sys.argv],
+        metrics={"rows": rows, "main": main_sys, "available_cores": cores},
+        notes=notes,
+    )
+    print("record:", write_record(record))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Several NBD front-end processes serving one store: SO_REUSEPORT listeners over a shared block map.
+
+The parent opens (and recovers) the store once, moves its block map and log
+tail into shared memory, reserves the port and forks ``N`` front ends. Each
+front end has its own event loop, payload engine and slots, and listens on the
+same port with ``SO_REUSEPORT``, so the kernel spreads client connections over
+them. What the front ends share, and how it stays consistent:
+
+* **Log appends and map updates** happen under one cross-process lock: the
+  record is written at the shared tail and mapped before the lock is released,
+  so the log is always a valid prefix (a crash can tear only its last record)
+  and log order equals the order in which the map changed.
+* **Map reads** take the same lock, so an entry is never seen half-updated.
+  Stored bytes are immutable once written, so the read itself needs no lock.
+* **Read-modify-write of partial blocks** holds an ``fcntl`` byte-range lock on
+  ``<store>/locks`` (one byte per block), taken without blocking the event loop
+  (retried), so two front ends never patch the same block from stale contents.
+* **FLUSH** is an fsync of the shared log by whichever front end gets it; the
+  map checkpoint is written by the parent when it stops.
+
+A front end that dies takes the others down (the parent stops them all), and
+the parent dying kills the front ends (``PR_SET_PDEATHSIG``); acknowledged
+writes are in the log either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import fcntl
+import mmap
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import signal
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carina.core.errors import BackendUnavailable
+from carina.infra.storage.store import BlockStore
+
+__all__ = ["SharedBlockStore", "run_frontends"]
+
+
+class SharedBlockStore(BlockStore):
+    """A :class:`BlockStore` whose block map and log tail live in shared memory, for forked front ends."""
+
+    def __init__(self, directory: Path, *, size: int, block_size: int, checkpoint_bytes: int = 256 << 20) -> None:
+        self._hdr = np.zeros(2, dtype=np.int64)  # tail, seq (private until _share moves them)
+        super().__init__(directory, size=size, block_size=block_size, checkpoint_bytes=checkpoint_bytes)
+        self._share()
+        self._lock = mp.get_context("fork").Lock()
+        self._range_fd = os.open(self.directory / "locks", os.O_RDWR | os.O_CREAT, 0o644)
+        self.primary = True  # the process that checkpoints the map on close
+
+    @property
+    def tail(self) -> int:
+        """End of the log (shared)."""
+        return int(self._hdr[0])
+
+    @tail.setter
+    def tail(self, value: int) -> None:
+        self._hdr[0] = value
+
+    @property
+    def seq(self) -> int:
+        """Last record sequence number (shared)."""
+        return int(self._hdr[1])
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self._hdr[1] = value
+
+    def _share(self) -> None:
+        """Move the map arrays and the header into one anonymous shared mapping (inherited by fork)."""
+        arrays = [("loc", np.int64), ("clen", np.uint32), ("codec", np.uint8), ("crc", np.uint32)]
+        n = self.nblocks
+        sizes = [n * np.dtype(t).itemsize for _, t in arrays]
+        offset = 16
+        self._mm = mmap.mmap(-1, offset + sum(sizes))  # MAP_SHARED | MAP_ANONYMOUS
+        hdr = np.frombuffer(self._mm, dtype=np.int64, count=2, offset=0)
+        hdr[:] = self._hdr
+        self._hdr = hdr
+        for (name, dtype), nbytes in zip(arrays, sizes, strict=True):
+            shared = np.frombuffer(self._mm, dtype=dtype, count=n, offset=offset)
+            shared[:] = getattr(self, name)
+            setattr(self, name, shared)
+            offset += nbytes
+
+    def entry(self, block: int) -> Any:
+        """Where ``block`` lives (read under the map lock)."""
+        with self._lock:
+            return super().entry(block)
+
+    def append(self, first: int, results: Any, payloads: Any) -> None:
+        """Append and map records under the cross-process lock."""
+        with self._lock:
+            super().append(first, results, payloads)
+
+    def append_zero(self, first: int, count: int) -> None:
+        """Record zeroed blocks under the cross-process lock."""
+        with self._lock:
+            super().append_zero(first, count)
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, lo: int, hi: int) -> AsyncIterator[None]:
+        """Hold blocks ``[lo, hi)`` against other front-end processes (polling, never blocking the loop)."""
+        delay = 0.0002
+        while True:
+            try:
+                fcntl.lockf(self._range_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, hi - lo, lo)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.01)
+        try:
+            yield
+        finally:
+            fcntl.lockf(self._range_fd, fcntl.LOCK_UN, hi - lo, lo)
+
+    async def flush(self) -> None:
+        """Fsync the shared log (the map is checkpointed by the primary on close)."""
+        await asyncio.get_running_loop().run_in_executor(None, os.fsync, self._fd)
+
+    def close(self) -> None:
+        """Primary: fsync and checkpoint under the lock; a front end only closes its descriptors."""
+        if self._fd < 0:
+            return
+        if self.primary:
+            if self._lock.acquire(timeout=30):  # a front end killed inside the lock would hold it forever
+                try:
+                    super().close()
+                finally:
+                    self._lock.release()
+            else:  # no checkpoint: the next open replays the log, which holds every acknowledged write
+                os.close(self._fd)
+                self._fd = -1
+        else:
+            os.close(self._fd)
+            self._fd = -1
+        os.close(self._range_fd)
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _frontend_main(config: Any, store: SharedBlockStore, port: int, index: int, conn: Any) -> None:
+    """One front-end process: its own loop, engine and slots over the shared store."""
+    _die_with_parent()
+    store.primary = False
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from carina.infra.storage.service import loop_factory
+
+    with asyncio.Runner(loop_factory=loop_factory(config.server.loop)) as runner:
+        final = runner.run(_frontend(config, store, port, conn))
+    store.close()
+    conn.send(("stopped", index, final))
+
+
+async def _frontend(config: Any, store: SharedBlockStore, port: int, conn: Any) -> dict[str, Any]:
+    from carina.infra.storage.engines import build_engine
+    from carina.infra.storage.server import NbdServer
+    from carina.infra.storage.stats import TierStats
+    from carina.infra.storage.tier import SlotPool, Tier
+
+    sc, srv = config.store, config.server
+    engine = build_engine(
+        config.engine, arena_bytes=srv.slots * SlotPool.slot_span(srv.slot_bytes, sc.block_size), codec=sc.codec.codec
+    )
+    tier = Tier(store, engine, slots=srv.slots, slot_bytes=srv.slot_bytes, codec=sc.codec.codec)
+    stats = TierStats()
+    server = NbdServer(tier, export=srv.export, stats=stats)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await server.listen(srv.host, port, reuse_port=True)
+        conn.send(("ready", os.getpid()))
+        await stop.wait()
+    finally:
+        await server.close()
+        engine.close()
+    return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid()}
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """A bound (not listening) SO_REUSEPORT socket holding the port while the front ends bind it too."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise BackendUnavailable("several front ends need SO_REUSEPORT (Linux/BSD)")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def run_frontends(
+    config: Any,
+    *,
+    processes: int,
+    ready: Callable[[dict[str, Any]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Serve ``config`` from ``processes`` front-end processes until SIGTERM/SIGINT (or ``should_stop()``).
+
+    Returns the store's space accounting and each front end's final stats.
+
+    Raises:
+        BackendUnavailable: A front end did not start.
+    """
+    sc, srv = config.store, config.server
+    store = SharedBlockStore(sc.path, size=sc.size, block_size=sc.block_size, checkpoint_bytes=sc.checkpoint_bytes)
+    stopping = [False]
+    old: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {s: signal.signal(s, lambda *_: stopping.__setitem__(0, True)) for s in (signal.SIGTERM, signal.SIGINT)}
+    ctx = mp.get_context("fork")
+    procs: list[Any] = []
+    pipes: list[Any] = []
+    finals: list[dict[str, Any]] = []
+    try:
+        probe = _reserve_port(srv.host, srv.port)
+        port = int(probe.getsockname()[1])
+        for i in range(processes):
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_frontend_main, args=(config, store, port, i, child), daemon=False)
+            proc.start()
+            child.close()
+            procs.append(proc)
+            pipes.append(parent)
+        pids = [_await_ready(pipe, proc) for pipe, proc in zip(pipes, procs, strict=True)]
+        probe.close()
+        if ready is not None:
+            ready({"port": port, "pids": pids})
+        sentinels = [p.sentinel for p in procs]
+        while not stopping[0] and not (should_stop and should_stop()):
+            if mp.connection.wait(sentinels, timeout=0.2):
+                break  # a front end died: stop the others (fail-stop)
+    finally:
+        for proc in procs:
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGTERM)
+        for pipe, proc in zip(pipes, procs, strict=True):
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            with contextlib.suppress(EOFError, OSError):
+                while pipe.poll(0):
+                    msg = pipe.recv()
+                    if msg[0] == "stopped":
+                        finals.append(msg[2])
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        store.close()
+    st = store.stats()
+    return {"frontends": finals, "stored_bytes": st.stored_bytes, "logical_bytes": st.logical_bytes,
+            "ratio": st.ratio, "log_bytes": st.log_bytes}  # fmt: skip
+
+
+def _await_ready(pipe: Any, proc: Any) -> int:
+    if not pipe.poll(120):
+        raise BackendUnavailable("a front-end process did not start", pid=proc.pid)
+    try:
+        kind, pid = pipe.recv()
+    except EOFError as exc:
+        raise BackendUnavailable("a front-end process exited while starting", pid=proc.pid) from exc
+    if kind != "ready":
+        raise BackendUnavailable("a front-end process did not start", pid=proc.pid)
+    return int(pid)
