@@ -17,8 +17,18 @@ DEVICE="${DEVICE:-cuda}"
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && [ "$DEVICE" = cpu ] && PY=.venv/bin/python
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/faults"
+# SkyNet weights + images: shared/data/skynet in the repository root when carried there, else ../shared.
+[ -z "${CARINA_SHARED_DIR:-}" ] && [ -d shared/data/skynet ] && export CARINA_SHARED_DIR="$PWD/shared"
 mkdir -p "$OUT/faults"
 LOG="$OUT/faults/sweep.log"
+# Needs torch, h5py (dac.weights is HDF5), Pillow; matplotlib for the heat map (optional).
+if ! timeout 60 "$PY" -c "import torch, h5py, PIL" >> "$LOG" 2>&1; then
+  if ls .whl/h5py-*.whl > /dev/null 2>&1; then
+    timeout 60 "$PY" -m pip install -q --no-index --no-deps --target /tmp/faults-site .whl/h5py-*.whl >> "$LOG" 2>&1
+    export PYTHONPATH="$PYTHONPATH:/tmp/faults-site"
+  fi
+  timeout 60 "$PY" -c "import torch, h5py, PIL" >> "$LOG" 2>&1 || { echo "faults: missing torch/h5py/Pillow"; tail -3 "$LOG"; exit 2; }
+fi
 if [ "$DEVICE" = cpu ]; then
   ARGS=(--device cpu --grid 3 --images 1 --seeds 1 --scan 3 --batch 8 --name security_faults_sweep_cpu_smoke)
   LIMIT=900

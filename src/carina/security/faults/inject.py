@@ -118,18 +118,19 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
     Multipliers stay below 2**31, so no product overflows int64: the same bits on any device.
     """
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _M32
-    x = x ^ (x >> 12)
-    x = (x * 0x297A2D39) & _M32
-    return x ^ (x >> 15)
+    x = x ^ (x >> 15)  # a new tensor; the rest works in place
+    x.mul_(0x2C1B3C6D).bitwise_and_(_M32)
+    x ^= x >> 12
+    x.mul_(0x297A2D39).bitwise_and_(_M32)
+    x ^= x >> 15
+    return x
 
 
 def flip_masks(
     n: int, layer: int, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]], device: Any,
     *, shared: bool = True,
 ) -> Any:  # fmt: skip
-    """XOR masks (B, n) int64 for ``n`` exposed outputs of ``layer`` in each row.
+    """XOR masks (B, n) int32 for ``n`` exposed outputs of ``layer`` in each row.
 
     Args:
         n: Exposed outputs per row (the first ``n`` in channel-major order).
@@ -155,7 +156,7 @@ def flip_masks(
         if not any(col):
             continue
         if xor is None:
-            xor = torch.zeros((len(thr), n), dtype=torch.int64, device=device)
+            xor = torch.zeros((len(thr), n), dtype=torch.int32, device=device)
         if all(t == ONE for t in col):
             xor |= 1 << b
             continue
@@ -166,7 +167,7 @@ def flip_masks(
             keys = [[draw_key(s, i, layer, stream)] for s, i in rows]
             draw = mix32(base ^ torch.tensor(keys, dtype=torch.int64, device=device))
         limit = torch.tensor([[t] for t in col], dtype=torch.int64, device=device)
-        xor |= (draw < limit).to(torch.int64) << b
+        xor |= (draw < limit).to(torch.int32) << b
     return xor
 
 
@@ -191,9 +192,9 @@ def apply_flip_rows(
     if xor is None:
         return acc
     width, half = 1 << fmt.bits, 1 << (fmt.bits - 1)
-    codes = fmt.codes(flat[:, :n]).to(torch.int64)
+    codes = fmt.codes(flat[:, :n]).to(torch.int32)
     flipped = (codes & (width - 1)) ^ xor
-    flipped = torch.where(flipped >= half, flipped - width, flipped)
+    flipped -= (flipped >= half).to(torch.int32) * width  # back to two's complement
     out = flat.clone()
     out[:, :n] += (flipped - codes).to(flat.dtype) * fmt.step
     return out.view_as(acc)
