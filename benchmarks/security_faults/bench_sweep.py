@@ -105,7 +105,12 @@ def main() -> None:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     glob_cfg = SweepConfig(voltages=_grid(0.45, 0.85, args.grid), freqs_mhz=_grid(100.0, 400.0, args.grid), **common)
-    glob = run_sweep(stages, x, glob_cfg)
+
+    def progress(done: int, total: int) -> None:
+        if done % 10 == 0 or done == total:
+            print(f"global sweep: pass {done}/{total} at {time.perf_counter() - t0:.1f} s", flush=True)
+
+    glob = run_sweep(stages, x, glob_cfg, on_pass=progress)
     timings["global"] = time.perf_counter() - t0
     vuln98 = [p for p in glob.points if summarize(p.ious).loss > 0.98]
     vuln50 = [p for p in glob.points if summarize(p.ious).loss >= 0.5]

@@ -134,11 +134,16 @@ def run_sweep(
     timing: TimingConfig | None = None,
     *,
     on_point: Callable[[Point], None] | None = None,
+    on_pass: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
-    """Run the campaign described by ``cfg`` on ``images`` (B, 3, 160, 320), batched, on ``cfg.device``."""
+    """Run the campaign described by ``cfg`` on ``images`` (B, 3, 160, 320), batched, on ``cfg.device``.
+
+    ``on_point(point)`` is called for each point once all are done; ``on_pass(done, total)``
+    after each forward pass.
+    """
     from carina.security.faults.engine import run_batched
 
-    return run_batched(stages, images, cfg, timing, on_point=on_point)
+    return run_batched(stages, images, cfg, timing, on_point=on_point, on_pass=on_pass)
 
 
 def run_reference(

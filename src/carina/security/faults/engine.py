@@ -73,8 +73,12 @@ def run_batched(
     timing: TimingConfig | None = None,
     *,
     on_point: Callable[[Point], None] | None = None,
+    on_pass: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
-    """Run the campaign of ``cfg`` on ``images`` (B, 3, 160, 320) on ``cfg.device``, ``cfg.batch`` rows a pass."""
+    """Run the campaign of ``cfg`` on ``images`` (B, 3, 160, 320) on ``cfg.device``, ``cfg.batch`` rows a pass.
+
+    ``on_pass(done, total)`` is called after each forward pass (progress).
+    """
     import torch
 
     timing = timing or TimingConfig()
@@ -92,7 +96,7 @@ def run_batched(
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # TF32 would round the exact fixed-point sums
     try:
-        passes, golden = _run_all(model, det, cfg, jobs, plans, x, boxes, flags)
+        passes, golden = _run_all(model, det, cfg, jobs, plans, x, boxes, flags, on_pass)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     for (w, thr), pts in groups.items():
@@ -115,6 +119,7 @@ def run_batched(
 def _run_all(
     model: SkyNet, det: Detectors, cfg: SweepConfig, jobs: list[_Job], plans: dict[str, list[tuple[int, float]]],
     x: torch.Tensor, boxes: dict[tuple[int, int], torch.Tensor], flags: dict[tuple[int, int], dict[str, bool]],
+    on_pass: Callable[[int, int], None] | None,
 ) -> tuple[int, torch.Tensor]:  # fmt: skip
     """The fault-free run (golden boxes, cached states, detector ranges), then every job's rows."""
     import torch
@@ -128,11 +133,14 @@ def _run_all(
         out, states = model.run(x, keep=starts)
     finally:
         model.hooks = {}
+    total = sum(-(-len([j for j in jobs if j.window == w]) * n // cfg.batch) for w in plans)
     for w, plan in plans.items():
         rows = [(j, i) for j, job in enumerate(jobs) if job.window == w for i in range(n)]
         for lo in range(0, len(rows), cfg.batch):
             _run_chunk(model, det, cfg, jobs, plan, states[plan[0][0]], rows[lo : lo + cfg.batch], boxes, flags)
             passes += 1
+            if on_pass:
+                on_pass(passes, total)
     return passes, decode_boxes(out)
 
 
