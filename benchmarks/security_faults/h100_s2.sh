@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # security.faults on the H100 (simulated figures; wall times measured): the full DVFS
 # sweep (20 x 20 V x f grid x 12 images x 5 seeds, global window), the 1 ms local window at the
-# vulnerable pairs at intensity 1 and 2, a 31-voltage boundary scan of the 1 ms window (the
+# vulnerable pairs at intensity 1 and 2, a 31-voltage boundary scan (0.532-0.544 V, 200 MHz) of the 1 ms window (the
 # double-intensity effect where loss is not saturated), and a CPU vs CUDA vs reference-loop
 # bit-equality check. Batched engine (carina.security.faults.engine) on device=cuda.
 #
@@ -36,7 +36,7 @@ if [ "$DEVICE" = cpu ]; then
   LIMIT=900
 else
   timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >> "$LOG" 2>&1
-  ARGS=(--device "$DEVICE" --grid 20 --images 12 --seeds 5 --scan 31 --batch 128 --threads 8
+  ARGS=(--device "$DEVICE" --grid 20 --images 12 --seeds 5 --scan 31 --scan-v 0.532:0.544 --batch 128 --threads 8
         --name security_faults_sweep_h100)
   LIMIT=$(( 115 - SECONDS ))
 fi
