@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -16,8 +17,12 @@ def test_sweep_loss_grows_as_slack_shrinks(stages, images) -> None:
     cfg = SweepConfig(voltages=[0.85, 0.53, 0.50], freqs_mhz=[200.0], windows=["local:2@38"], seeds=1, detectors=False)
     res = run_sweep(stages, images[:1], cfg)
     loss = [summarize(p.ious).loss for p in res.points]
+    failed = [summarize(p.ious).frac_below_half for p in res.points]
     assert res.points[0].skipped and loss[0] == 0.0
-    assert loss == sorted(loss)  # less slack, no less loss
+    # Less slack, no fewer failed frames; the loss too, up to noise once saturated (flips are
+    # nested, but one more flip can nudge a wrong box by chance).
+    assert failed == sorted(failed) and failed[-1] == 1.0
+    assert all(b >= a - 1e-3 for a, b in itertools.pairwise(loss))
     assert res.forwards == 1 + sum(not p.skipped for p in res.points)
 
 

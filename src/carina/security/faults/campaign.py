@@ -1,10 +1,11 @@
 """Campaigns: sweep operating points x windows x intensities x seeds over a set of images.
 
-Work is saved three ways, none of which changes a result: fault-free activations
-are cached up to the first layer a window touches (the run starts there); an
-operating point whose every bit probability is zero (after ``negligible``) is
-not run (a zero-probability model leaves outputs bit-identical, a tested
-property); and all images of a point run as one batch.
+:func:`run_sweep` runs the batched engine (:mod:`carina.security.faults.engine`) on
+``cfg.device``; :func:`run_reference` is the plain loop (one point and one seed per
+forward, all images of a point in one batch) that the engine must equal bit for bit.
+Both cache fault-free activations up to the first layer a window touches and skip
+points whose every bit threshold is zero (a zero-probability model leaves outputs
+bit-identical, a tested property).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from carina.core.config import Config, require
 from carina.security.faults.defenses import Detectors, overheads
-from carina.security.faults.inject import LayerFault, Window, plan_window, skynet_hooks
+from carina.security.faults.inject import LayerFault, Window, plan_window, skynet_hooks, thresholds
 from carina.security.faults.metrics import iou, summarize
 from carina.security.faults.skynet import Numeric, SkyNet, Stage, decode_boxes
 from carina.security.faults.timing import OperatingPoint, TimingConfig, bit_error_probabilities
@@ -25,7 +26,7 @@ from carina.security.faults.timing import OperatingPoint, TimingConfig, bit_erro
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Point", "SweepConfig", "SweepResult", "run_sweep"]
+__all__ = ["Point", "SweepConfig", "SweepResult", "run_reference", "run_sweep", "score_point"]
 
 
 class Dtype(enum.Enum):
@@ -49,6 +50,10 @@ class SweepConfig(Config):
         dtype: Emulation dtype.
         vulnerable_loss: A pair is vulnerable when its loss reaches this.
         detectors: Run the range/ABFT/temporal detectors.
+        shared_draws: One draw per output for all its bits (correlated carry-chain
+            failures) rather than one per bit; the per-bit rates are the same.
+        device: Torch device of the batched engine (``cpu``, ``cuda``, ``cuda:1``).
+        batch: Rows (point x seed x image) per forward of the batched engine.
     """
 
     voltages: list[float]
@@ -60,6 +65,9 @@ class SweepConfig(Config):
     dtype: Dtype = Dtype.FLOAT32
     vulnerable_loss: float = 0.5
     detectors: bool = True
+    shared_draws: bool = True
+    device: str = "cpu"
+    batch: int = 24
 
     def validate(self) -> None:
         """Non-empty grids, positive counts, parsable windows."""
@@ -69,6 +77,8 @@ class SweepConfig(Config):
         require(self.seeds >= 1, "seeds must be >= 1", key="seeds")
         require(all(k >= 0 for k in self.intensities), "intensities must be >= 0", key="intensities")
         require(0 < self.vulnerable_loss <= 1, "vulnerable_loss in (0, 1]", key="vulnerable_loss")
+        require(self.batch >= 1, "batch must be >= 1", key="batch")
+        require(self.device.split(":")[0] in ("cpu", "cuda"), "device must be cpu or cuda[:N]", key="device")
         for w in self.windows:
             Window.parse(w)
 
@@ -104,6 +114,8 @@ class SweepResult:
     seconds: float
     forwards: int
     overheads: dict[str, float]
+    passes: int = 0
+    device: str = "cpu"
     basis: str = "simulated"
 
     def vulnerable(self, threshold: float) -> list[Point]:
@@ -115,12 +127,6 @@ def _faults(plan: list[tuple[int, float]], probs: list[float]) -> list[LayerFaul
     return [LayerFault(layer, frac, tuple(probs)) for layer, frac in plan]
 
 
-def _detect(flags: dict[str, Any], ious: list[float], prev: list[float]) -> dict[str, list[bool]]:
-    out = {name: [bool(v) for v in t] for name, t in flags.items()}
-    out["temporal"] = [p < 0.5 for p in prev]
-    return out
-
-
 def run_sweep(
     stages: list[Stage],
     images: torch.Tensor,
@@ -128,8 +134,27 @@ def run_sweep(
     timing: TimingConfig | None = None,
     *,
     on_point: Callable[[Point], None] | None = None,
+    on_pass: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
-    """Run the campaign described by ``cfg`` on ``images`` (B, 3, 160, 320)."""
+    """Run the campaign described by ``cfg`` on ``images`` (B, 3, 160, 320), batched, on ``cfg.device``.
+
+    ``on_point(point)`` is called for each point once all are done; ``on_pass(done, total)``
+    after each forward pass.
+    """
+    from carina.security.faults.engine import run_batched
+
+    return run_batched(stages, images, cfg, timing, on_point=on_point, on_pass=on_pass)
+
+
+def run_reference(
+    stages: list[Stage],
+    images: torch.Tensor,
+    cfg: SweepConfig,
+    timing: TimingConfig | None = None,
+    *,
+    on_point: Callable[[Point], None] | None = None,
+) -> SweepResult:
+    """The same campaign as a plain loop on the CPU: every point, every seed, one forward each."""
     import torch
 
     timing = timing or TimingConfig()
@@ -157,19 +182,20 @@ def run_sweep(
             for f in cfg.freqs_mhz:
                 for k in cfg.intensities:
                     probs = bit_error_probabilities(timing, OperatingPoint(v, f), intensity=k)
-                    pt = Point(v, f, wtext, k, [], skipped=not any(probs))
+                    pt = Point(v, f, wtext, k, [], skipped=not any(thresholds(probs)))
                     if pt.skipped:
                         pt.ious = [1.0] * (n * cfg.seeds)
                     else:
                         golden, states = reference()
                         start = plan[0][0]
                         _run_point(model, det, cfg, pt, _faults(plan, probs), start, states[start], golden)
-                        forwards += cfg.seeds
+                        forwards += cfg.seeds * n
                     points.append(pt)
                     if on_point:
                         on_point(pt)
-    forwards += 1 if cache else 0
-    return SweepResult(points, time.perf_counter() - t0, forwards, overheads(model))
+    forwards += n if cache else 0
+    passes = forwards // n
+    return SweepResult(points, time.perf_counter() - t0, forwards, overheads(model), passes=passes)
 
 
 def _run_point(
@@ -177,24 +203,38 @@ def _run_point(
     start: int, state: Any, golden: torch.Tensor,
 ) -> None:  # fmt: skip
     n = golden.shape[0]
-    prev = golden
-    hits: dict[str, list[bool]] = {}
+    boxes, hits = [], []
     for seed in range(cfg.seeds):
-        hooks = skynet_hooks(faults, seed=seed, image_ids=range(n))
+        hooks = skynet_hooks(faults, seed=seed, image_ids=range(n), shared=cfg.shared_draws)
         model.hooks = det.wrap(hooks, n) if cfg.detectors else hooks
         try:
             out, _ = model.run(None, start=start, state=state)
         finally:
             model.hooks = {}
-        boxes = decode_boxes(out)
-        ious = iou(boxes, golden).tolist()
-        pt.ious += ious
-        if cfg.detectors:
-            for name, flags in _detect(det.flags, ious, iou(boxes, prev).tolist()).items():
-                hits.setdefault(name, []).extend(flags)
-        prev = boxes
+        boxes.append(decode_boxes(out))
+        hits.append({k: [bool(v) for v in t.tolist()] for k, t in det.flags.items()})
+    score_point(pt, boxes, hits if cfg.detectors else None, golden)
+
+
+def score_point(
+    pt: Point, boxes: list[torch.Tensor], hits: list[dict[str, list[bool]]] | None, golden: torch.Tensor
+) -> None:
+    """Fill ``pt`` from per-seed boxes (n, 5) and per-seed detector flags (seed-major order).
+
+    The temporal check compares each seed's box with the previous seed's (the fault-free
+    box before seed 0), as consecutive frames of a static scene.
+    """
+    prev = golden
+    flagged: dict[str, list[bool]] = {}
+    for s, b in enumerate(boxes):
+        pt.ious += iou(b, golden).tolist()
+        if hits is not None:
+            for name, fl in hits[s].items():
+                flagged.setdefault(name, []).extend(fl)
+            flagged.setdefault("temporal", []).extend(x < 0.5 for x in iou(b, prev).tolist())
+        prev = b
     bad = [x < 0.5 for x in pt.ious]
-    for name, flags in hits.items():
+    for name, flags in flagged.items():
         caught = [f for f, b in zip(flags, bad, strict=True) if b]
         clean = [f for f, b in zip(flags, bad, strict=True) if not b]
         pt.detected[name] = sum(caught) / len(caught) if caught else float("nan")

@@ -52,6 +52,8 @@ def sweep(
     count: Annotated[int, typer.Option("--count", help="Images used (first N).")] = 12,
     numeric: Annotated[str, typer.Option(help="fixed or float.")] = "fixed",
     heatmap_png: Annotated[Path | None, typer.Option("--heatmap", help="Write the V x f loss map (PNG).")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda[:N] (same results, bit for bit).")] = "cpu",
+    batch: Annotated[int, typer.Option(help="Rows (point x seed x image) per forward.")] = 24,
     json_out: JsonOpt = False,
 ) -> None:
     """Sweep DVFS operating points; report loss, vulnerable pairs and detector rates (simulated)."""
@@ -63,7 +65,7 @@ def sweep(
 
     cfg = SweepConfig.from_dict(
         {"voltages": _grid(voltages), "freqs_mhz": _grid(freqs), "windows": window or ["global"],
-         "intensities": intensity or [1.0], "seeds": seeds, "numeric": numeric}
+         "intensities": intensity or [1.0], "seeds": seeds, "numeric": numeric, "device": device, "batch": batch}
     )  # fmt: skip
     x, _names = _images(images, count)
     total = len(cfg.voltages) * len(cfg.freqs_mhz) * len(cfg.windows) * len(cfg.intensities)

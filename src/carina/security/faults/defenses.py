@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from carina.security.faults.fixedpoint import ACCUMULATOR
-from carina.security.faults.skynet import Numeric, SkyNet
+from carina.security.faults.skynet import Numeric, SkyNet, conv
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +45,15 @@ class Detectors:
 
     def profile(self, x: torch.Tensor) -> None:
         """Record each stage's accumulator range on fault-free inputs ``x``."""
+        saved = self.model.hooks
+        self.model.hooks = self.recorder()
+        try:
+            self.model.run(x)
+        finally:
+            self.model.hooks = saved
+
+    def recorder(self) -> dict[int, Callable[..., Any]]:
+        """Hooks that record accumulator ranges (into :attr:`bounds`) during a fault-free run."""
 
         def rec(i: int, acc: torch.Tensor, _x: torch.Tensor) -> torch.Tensor:
             lo, hi = float(acc.min()), float(acc.max())
@@ -52,18 +61,14 @@ class Detectors:
             self.bounds[i] = (min(lo, old[0]), max(hi, old[1]))
             return acc
 
-        saved = self.model.hooks
-        self.model.hooks = {i: rec for i in range(len(self.model.stages))}
-        try:
-            self.model.run(x)
-        finally:
-            self.model.hooks = saved
+        return {i: rec for i in range(len(self.model.stages))}
 
     def wrap(self, inner: dict[int, Callable[..., Any]], batch: int) -> dict[int, Callable[..., Any]]:
         """Hooks that apply ``inner`` (the faults) first, then check; resets :attr:`flags`."""
         import torch
 
-        self.flags = {"range": torch.zeros(batch, dtype=torch.bool), "abft": torch.zeros(batch, dtype=torch.bool)}
+        dev = self.model._w[0].device
+        self.flags = {name: torch.zeros(batch, dtype=torch.bool, device=dev) for name in ("range", "abft")}
 
         def hook(i: int, acc: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
             if i in inner:
@@ -83,11 +88,10 @@ class Detectors:
         self.flags["range"] |= bad
 
     def _check_abft(self, i: int, acc: torch.Tensor, x: torch.Tensor) -> None:
-        import torch.nn.functional as F
-
-        w = self.model._w[i]
-        expected = F.conv2d(x, w.sum(0, keepdim=True))
-        observed = acc.sum(1, keepdim=True)
+        # float64: exact for fixed-point values, so the flags are the same on every device.
+        w = self.model._w[i].double()
+        expected = conv(x.double(), w.sum(0, keepdim=True))
+        observed = acc.double().sum(1, keepdim=True)
         cout = w.shape[0]
         if self.model.numeric is Numeric.FIXED:  # each output rounded by at most half a step
             tol = cout * ACCUMULATOR.step / 2 + 1e-6 * cout

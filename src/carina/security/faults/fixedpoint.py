@@ -63,8 +63,9 @@ class FixedType:
         return torch.clamp(torch.floor(x * (1 << self.frac_bits) + 0.5), self.qmin, self.qmax)
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` rounded and saturated to this type, as real values."""
-        return self.codes(x) * self.step
+        """``x`` rounded and saturated to this type, as real values (a new tensor; ``x`` is kept)."""
+        q = x * (1 << self.frac_bits)
+        return q.add_(0.5).floor_().clamp_(self.qmin, self.qmax).mul_(self.step)
 
     def flip(self, codes: torch.Tensor, bit: int, mask: torch.Tensor) -> torch.Tensor:
         """Codes with ``bit`` inverted where ``mask`` is true (two's complement, ``bits`` wide)."""

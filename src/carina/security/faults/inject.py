@@ -5,14 +5,19 @@ proportional to its MACs (1 ms at 25 FPS is 2.5 % of a frame). A :class:`Window`
 selects the layers it overlaps and, per layer, the fraction of its outputs
 produced inside the window (the first ones, in output-channel order, as the
 accelerator writes them). Flips are drawn per image, layer and bit from a
-generator seeded by ``(seed, image id, layer, bit)``, from one uniform per output:
-a bit flips where ``u < p_b``. So results are deterministic for a given input and
-seed, and the flips at a lower probability are a subset of those at a higher one.
+counter-based hash keyed by ``(seed, image id, layer)``: one 32-bit draw per output,
+and bit ``b`` flips where the draw is below ``p_b * 2**32`` (the output's delay
+variation is shared by its carry chain, so a bit fails only if every slower bit does;
+``shared=False`` draws each bit independently, keyed by bit too). Integer
+tensor ops only, so the flips are deterministic for a given input and seed, the same
+on CPU and CUDA and in any batch, and the flips at a lower probability are a subset of
+those at a higher one.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +29,13 @@ from carina.security.faults.fixedpoint import ACCUMULATOR, FixedType
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["LayerFault", "Window", "WindowKind", "apply_flips", "attach_module_hooks", "plan_window", "skynet_hooks"]
+__all__ = [
+    "ONE", "LayerFault", "Window", "WindowKind", "apply_flip_rows", "apply_flips", "attach_module_hooks",
+    "draw_key", "flip_masks", "mix32", "plan_window", "skynet_hooks", "thresholds",
+]  # fmt: skip
+
+ONE = 1 << 32  # threshold of a certain flip
+_M32 = ONE - 1
 
 
 class WindowKind(enum.Enum):
@@ -87,54 +98,126 @@ def plan_window(window: Window, macs: Sequence[int], frame_ms: float) -> list[tu
     return out
 
 
-def _seed(*parts: int) -> int:
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+def thresholds(probs: Sequence[float]) -> tuple[int, ...]:
+    """Per-bit probabilities as integer thresholds on a 32-bit uniform (resolution 2**-32).
+
+    ``0`` never flips, ``ONE`` (``2**32``) always flips; a bit flips where its draw ``< t``.
+    """
+    return tuple(min(ONE, max(0, int(p * ONE + 0.5))) for p in probs)
 
 
-def apply_flips(
-    acc: torch.Tensor, fault: LayerFault, *, seed: int, image_ids: Sequence[int], fmt: FixedType = ACCUMULATOR
-) -> torch.Tensor:
-    """``acc`` (B, ...) with bit flips of ``fault`` applied in ``fmt``'s two's-complement codes.
+@functools.lru_cache(maxsize=1 << 16)
+def draw_key(seed: int, image: int, layer: int, bit: int) -> int:
+    """The 32-bit key of one (seed, image, layer, bit) stream."""
+    digest = hashlib.blake2b(repr((seed, image, layer, bit)).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
-    Values need not already be quantized: the flip adds the code difference times
-    the step, so float models get the same error as the fixed-point one.
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit integer hash, on int64 tensors holding values in [0, 2**32).
+
+    Multipliers stay below 2**31, so no product overflows int64: the same bits on any device.
+    """
+    x = x ^ (x >> 15)  # a new tensor; the rest works in place
+    x.mul_(0x2C1B3C6D).bitwise_and_(_M32)
+    x ^= x >> 12
+    x.mul_(0x297A2D39).bitwise_and_(_M32)
+    x ^= x >> 15
+    return x
+
+
+def flip_masks(
+    n: int, layer: int, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]], device: Any,
+    *, shared: bool = True,
+) -> Any:  # fmt: skip
+    """XOR masks (B, n) int32 for ``n`` exposed outputs of ``layer`` in each row.
+
+    Args:
+        n: Exposed outputs per row (the first ``n`` in channel-major order).
+        layer: Stage index (part of the draw key).
+        thr: Per row, the bit thresholds from :func:`thresholds`.
+        rows: Per row, ``(seed, image id)``.
+        device: Where to compute.
+        shared: One draw per output for all its bits (the output's path-delay variation is
+            shared by its carry chain: a bit fails only if every slower bit fails too), or
+            an independent draw per bit. The per-bit rates are the same either way.
+
+    Returns:
+        The masks, or None when no bit of any row can flip.
     """
     import torch
 
-    active = [(b, p) for b, p in enumerate(fault.probs) if p > 0.0]
-    if not active or fault.fraction <= 0:
-        return acc
-    out = acc.clone()
-    width, half = 1 << fmt.bits, 1 << (fmt.bits - 1)
-    for i, image in enumerate(image_ids):
-        flat = out[i].reshape(-1)
-        n = round(flat.numel() * fault.fraction)
-        if n == 0:
+    bits = len(thr[0])
+    xor: torch.Tensor | None = None
+    base: torch.Tensor | None = None
+    draw: torch.Tensor | None = None
+    for b in range(bits):
+        col = [t[b] for t in thr]
+        if not any(col):
             continue
-        codes = fmt.codes(flat[:n]).to(torch.int32)
-        xor = torch.zeros(n, dtype=torch.int32)
-        for b, p in active:
-            if p >= 1.0:  # certain failure: every exposed output, no sampling needed
-                xor |= 1 << b
-                continue
-            gen = torch.Generator().manual_seed(_seed(seed, image, fault.layer, b))
-            hit = torch.rand(n, generator=gen, dtype=torch.float32) < p
-            xor |= hit.to(torch.int32) << b
-        flipped = (codes & (width - 1)) ^ xor
-        flipped = torch.where(flipped >= half, flipped - width, flipped)
-        flat[:n] += (flipped - codes).to(flat.dtype) * fmt.step
-    return out
+        if xor is None:
+            xor = torch.zeros((len(thr), n), dtype=torch.int32, device=device)
+        if all(t == ONE for t in col):
+            xor |= 1 << b
+            continue
+        if base is None:
+            base = mix32(torch.arange(n, dtype=torch.int64, device=device))[None, :]
+        if draw is None or not shared:
+            stream = -1 if shared else b
+            keys = [[draw_key(s, i, layer, stream)] for s, i in rows]
+            draw = mix32(base ^ torch.tensor(keys, dtype=torch.int64, device=device))
+        limit = torch.tensor([[t] for t in col], dtype=torch.int64, device=device)
+        xor |= (draw < limit).to(torch.int32) << b
+    return xor
+
+
+def apply_flip_rows(
+    acc: torch.Tensor, layer: int, fraction: float, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]],
+    *, fmt: FixedType = ACCUMULATOR, shared: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """``acc`` (B, ...) with each row's bit flips applied in ``fmt``'s two's-complement codes.
+
+    Row ``r`` uses thresholds ``thr[r]`` and draws of ``rows[r] = (seed, image id)``, so one
+    batch can mix operating points and seeds; a row's result does not depend on the others.
+    Values need not already be quantized: the flip adds the code difference times the step,
+    so float models get the same error as the fixed-point one.
+    """
+    import torch
+
+    if fraction <= 0 or not any(any(t) for t in thr):
+        return acc
+    flat = acc.reshape(acc.shape[0], -1)
+    n = round(flat.shape[1] * fraction)
+    xor = flip_masks(n, layer, thr, rows, acc.device, shared=shared) if n else None
+    if xor is None:
+        return acc
+    width, half = 1 << fmt.bits, 1 << (fmt.bits - 1)
+    codes = fmt.codes(flat[:, :n]).to(torch.int32)
+    flipped = (codes & (width - 1)) ^ xor
+    flipped -= (flipped >= half).to(torch.int32) * width  # back to two's complement
+    out = flat.clone()
+    out[:, :n] += (flipped - codes).to(flat.dtype) * fmt.step
+    return out.view_as(acc)
+
+
+def apply_flips(
+    acc: torch.Tensor, fault: LayerFault, *, seed: int, image_ids: Sequence[int], fmt: FixedType = ACCUMULATOR,
+    shared: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """``acc`` (B, ...) with the bit flips of ``fault`` (same for every row) for images ``image_ids``."""
+    thr = [thresholds(fault.probs)] * len(image_ids)
+    rows = [(seed, i) for i in image_ids]
+    return apply_flip_rows(acc, fault.layer, fault.fraction, thr, rows, fmt=fmt, shared=shared)
 
 
 def skynet_hooks(
-    faults: Sequence[LayerFault], *, seed: int, image_ids: Sequence[int]
+    faults: Sequence[LayerFault], *, seed: int, image_ids: Sequence[int], shared: bool = True
 ) -> dict[int, Callable[[int, Any, Any], Any]]:
     """Hooks for :class:`~carina.security.faults.skynet.SkyNet` (``model.hooks = ...``)."""
     by_layer = {f.layer: f for f in faults}
 
     def hook(i: int, acc: torch.Tensor, _x: torch.Tensor) -> torch.Tensor:
-        return apply_flips(acc, by_layer[i], seed=seed, image_ids=image_ids)
+        return apply_flips(acc, by_layer[i], seed=seed, image_ids=image_ids, shared=shared)
 
     return {i: hook for i in by_layer}
 

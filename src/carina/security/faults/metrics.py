@@ -53,10 +53,11 @@ class Summary:
     loss_ci: tuple[float, float]
     frac_below_half: float
     frac_ci: tuple[float, float]
+    frac_changed: float = 0.0
 
 
 def summarize(ious: Sequence[float]) -> Summary:
-    """Detection-accuracy loss (1 - mean IoU, normal-approximation CI) and P(IoU < 0.5) (Wilson CI)."""
+    """Loss (1 - mean IoU, normal CI), P(IoU < 0.5) (Wilson CI), share of frames whose box changed (IoU < 1)."""
     n = len(ious)
     if n == 0:
         return Summary(0, 0.0, (0.0, 0.0), 0.0, (0.0, 1.0))
@@ -65,4 +66,5 @@ def summarize(ious: Sequence[float]) -> Summary:
     half = 1.96 * math.sqrt(var / n)
     below = sum(x < 0.5 for x in ious)
     loss = 1.0 - mean
-    return Summary(n, loss, (max(0.0, loss - half), min(1.0, loss + half)), below / n, wilson(below, n))
+    ci = (max(0.0, loss - half), min(1.0, loss + half))
+    return Summary(n, loss, ci, below / n, wilson(below, n), sum(x < 1.0 for x in ious) / n)

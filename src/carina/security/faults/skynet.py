@@ -146,11 +146,22 @@ class SkyNet:
         import torch
 
         self.dtype = self.dtype or torch.float64
-        wt = [WEIGHT.quantize(s.weight) if self.numeric is Numeric.FIXED else s.weight for s in self.stages]
+        fixed = self.numeric is Numeric.FIXED
+        wt = [WEIGHT.quantize(s.weight) if fixed else s.weight for s in self.stages]
         self._w = [w.to(self.dtype) for w in wt]
         self._b = [None if s.bias is None else s.bias.to(self.dtype) for s in self.stages]
-        if self.numeric is Numeric.FIXED:
+        if fixed:
             self._b = [None if b is None else WEIGHT.quantize(b) for b in self._b]
+        # In fixed mode every product is a multiple of 2**-13; a sum whose partial sums
+        # stay below 2**24 of those steps is exact in float32 (so independent of summation
+        # order, device and batch). Stages that could exceed that bound sum in float64.
+        self._wide = [fixed and self.dtype == torch.float32 and _bound(w) >= 2**24 for w in wt]
+
+    def to(self, device: Any) -> SkyNet:
+        """Move the weights to ``device`` (in place); returns self."""
+        self._w = [w.to(device) for w in self._w]
+        self._b = [None if b is None else b.to(device) for b in self._b]
+        return self
 
     @property
     def macs(self) -> list[int]:
@@ -203,20 +214,17 @@ class SkyNet:
         return cur, kept
 
     def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        import torch
-        import torch.nn.functional as F
-
         s = self.stages[i]
-        pad = 1 if s.weight.shape[-1] == 3 else 0
-        acc = F.conv2d(x, self._w[i], None, padding=pad, groups=s.groups)
+        w = self._w[i]
+        acc = conv(x.double(), w.double()) if self._wide[i] else conv(x, w)
         if self.numeric is Numeric.FIXED:
-            acc = ACCUMULATOR.quantize(acc)
+            acc = ACCUMULATOR.quantize(acc).to(self.dtype)
         if i in self.hooks:
             acc = self.hooks[i](i, acc, x)
         if self._b[i] is not None:
             acc = acc + self._b[i].view(1, -1, 1, 1)  # type: ignore[union-attr]
         if s.relu6:
-            acc = torch.clamp(acc, 0.0, 6.0)
+            acc = acc.clamp_(0.0, 6.0)
         return FEATURE.quantize(acc) if self.numeric is Numeric.FIXED and s.relu6 else acc
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -224,12 +232,42 @@ class SkyNet:
         return self.run(x)[0]
 
 
+def _bound(w: torch.Tensor) -> float:
+    """Largest sum of |weight codes| x |feature code| of any output, in units of 2**-13."""
+    codes = WEIGHT.codes(w).abs().reshape(w.shape[0], -1).sum(1)
+    return float(codes.max()) * abs(FEATURE.qmin)
+
+
+def conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """SkyNet's convolutions without cuDNN/oneDNN algorithm choices.
+
+    1x1 as a matrix product, 3x3 depthwise (padding 1) as nine shifted multiply-adds:
+    plain products and sums, so exact inputs give the same bits on CPU and CUDA.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    b, c, h, wd = x.shape
+    cout, cin_g, kh, kw = w.shape
+    if (kh, kw) == (1, 1) and cin_g == c:
+        return torch.matmul(w.view(cout, c), x.reshape(b, c, h * wd)).view(b, cout, h, wd)
+    if (kh, kw) == (3, 3) and cin_g == 1 and cout == c:
+        xp = F.pad(x, (1, 1, 1, 1))
+        k = w.view(1, c, 9, 1, 1)
+        acc = xp[:, :, 0:h, 0:wd] * k[:, :, 0]
+        for t in range(1, 9):
+            dy, dx = divmod(t, 3)
+            acc.addcmul_(xp[:, :, dy : dy + h, dx : dx + wd], k[:, :, t])
+        return acc
+    raise ValueError(f"unsupported convolution {tuple(w.shape)} on input {tuple(x.shape)}")
+
+
 def decode_boxes(out: torch.Tensor) -> torch.Tensor:
     """One box per image from SkyNet's raw output: (B, 5) = x1, y1, x2, y2 (640x360 pixels), confidence."""
     import torch
 
     b = out.shape[0]
-    o = out.to(torch.float64).view(b, 2, 5, GRID_H, GRID_W)
+    o = out.detach().cpu().to(torch.float64).view(b, 2, 5, GRID_H, GRID_W)
     conf = torch.sigmoid(o[:, :, 4]).reshape(b, -1)
     best = torch.argmax(conf, dim=1)
     anchor, cell = best // (GRID_H * GRID_W), best % (GRID_H * GRID_W)
