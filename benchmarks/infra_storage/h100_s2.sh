@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # carina.infra.storage on the H100 machine: the GPU codec (torch ZVC) vs PCIe and vs the CPU codec pools on 16 cores.
-# Hard budget: 60 s of run time (steps under `timeout`: 5 + 24 + 25 s, 1 s kill grace each; about 40 s expected).
+# Hard budget: 95 s of run time (steps under `timeout`: 5 + 24 + 60 s, 1 s kill grace each; about 45 s expected).
+# Each step writes its record into $OUT/storage/ as soon as it finishes; the key figures are printed to the log too.
 # Two records into $OUT/storage/:
 #   infra_storage_gpu_codec_h100.json  ZVC kernels on device-resident 64 MiB batches, pinned H2D/D2H copies of the
 #                                      same batches, and the tier's torch engine end to end (4 KiB and 64 KiB blocks);
-#   infra_storage_engines_h100.json    LZ4 payload engines alone: inline (1 core), thread pool 1..16, process pool 16,
-#                                      and the torch ZVC engine on the GPU, 64 KiB blocks, 256 KiB requests, QD 32.
+#   infra_storage_engines_h100.json    LZ4 and zlib payload engines alone: inline (1 core), thread pool 1..16, process
+#                                      pool 16, and the torch ZVC engine on the GPU, 64 KiB blocks, 256 KiB requests, QD 32.
+# zlib is in the standard library: the second device call had no lz4 module, bench_engines.py skipped LZ4 and with it
+# every CPU engine, so the pool comparison was lost; with zlib it always runs (LZ4 too where the package is present).
 # nvCOMP (GPU LZ4/zstd/deflate) is not installed on the machine, so ZVC is the only GPU codec; the records say so.
 # Usage (repository root): OUT=<dir> bash benchmarks/infra_storage/h100_s2.sh
 # Proof run on a CPU machine with tiny sizes: DEVICE=cpu OUT=/tmp/storage_out bash benchmarks/infra_storage/h100_s2.sh
@@ -38,7 +41,7 @@ step() {  # step <seconds> <label> <command...>: run under timeout, keep going o
 [ "$DEVICE" = cuda ] && step 5 nvidia-smi nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader
 step 24 "GPU codec (ZVC) vs PCIe, $DEVICE" "$PYTHON" benchmarks/infra_storage/bench_gpu_codec.py --device "$DEVICE" \
   --blocks 4K,64K "${GPU_ARGS[@]}" --name "infra_storage_gpu_codec$SUFFIX"
-step 25 "CPU pools (1..16) vs GPU engine" "$PYTHON" benchmarks/infra_storage/bench_engines.py --codecs lz4,zvc \
+step 60 "CPU pools (1..16) vs GPU engine" "$PYTHON" benchmarks/infra_storage/bench_engines.py --codecs lz4,zlib,zvc \
   --blocks 64K --pools thread,process --request 256K --streams 32 --torch-device "$DEVICE" "${ENG_ARGS[@]}" \
   --name "infra_storage_engines$SUFFIX"
 echo "== summary (total $(($(date +%s) - start)) s, status $status)"
