@@ -328,7 +328,11 @@ def main() -> None:
         if max(r["overlapped_error"], r["synchronous_error"]) > limit:
             sys.exit(f"{d}: C differs from torch.matmul by {r['overlapped_error']:.3g} (limit {limit})")
         print(
-            f"{d}: {r['flops'] / r['overlapped_s'] / 1e12:.3g} TFLOP/s, {r['bound_s'] / r['overlapped_s']:.0%} of bound"
+            f"{d}: {r['flops'] / r['overlapped_s'] / 1e12:.3g} TFLOP/s, "
+            f"{r['bound_s'] / r['overlapped_s']:.0%} of bound "
+            f"(compute {r['compute_s']:.3g} s, IO at {r['ceiling_bytes_per_s'] / 1e9:.3g} GB/s "
+            f"{r['io_s_at_ceiling']:.3g} s, wall {r['overlapped_s']:.3g} s); synchronous "
+            f"{r['flops'] / r['synchronous_s'] / 1e12:.3g} TFLOP/s"
         )
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("dir", "out", "fio")}
     record = make_record(

@@ -129,7 +129,14 @@ def main() -> None:
         with IOEngine(IOConfig(backend="uring", queue_depth=32)) as engine:
             fill_file(engine, engine.open(path, "w"), size)
         for qd in depths:
-            results[f"qd{qd}"] = measure(fio, path, size, qd, args.pairs, args.seconds, args.rows)
+            r = results[f"qd{qd}"] = measure(fio, path, size, qd, args.pairs, args.seconds, args.rows)
+            print(  # the key figures reach the log even if the record is lost
+                f"qd{qd}: carina {r['carina_iops_median']:.0f} IOPS ({r['carina_cores_median']:.2f} cores), "
+                + (f"fio {r['fio_iops_median']:.0f} ({r['fio_cores_median']:.2f} cores), "
+                   f"ratio {r['carina_iops_median'] / r['fio_iops_median']:.0%}, per-pair median "
+                   f"{r['pair_ratio_median']:.0%}" if fio else "no fio")
+                + f"; {r['verified_bytes']:.0f} bytes checked"
+            )  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     figures = [

@@ -424,6 +424,12 @@ def main() -> None:
         sys.exit(f"output wrong: sorted={r['sorted']} checksum_equal={r['checksum_equal']}")
     wall = r["overlapped"]["total_s"]
     print(f"{r['bytes'] / wall / 1e9:.3g} GB/s, {r['floor_s'] / wall:.0%} of the disk-bound floor")
+    print(  # the key figures reach the log even if the record is lost
+        f"wall {wall:.2f} s (runs {r['overlapped']['runs_s']:.2f} s, merge {r['overlapped']['merge_s']:.2f} s), "
+        f"floor {r['floor_s']:.2f} s (read {r['read_bytes_per_s'] / 1e9:.3g} GB/s, write "
+        f"{r['write_bytes_per_s'] / 1e9:.3g} GB/s), output checked"
+        + (f", synchronous peer {r['synchronous']['total_s']:.2f} s" if args.peer else "")
+    )
     fig = Figure(
         name="external_sort",
         value=r["bytes"] / wall / 1e9,

@@ -56,3 +56,45 @@ def test_two_file_ceiling_reads_both_files_without_fio(tmp_path: Path) -> None:
         np.zeros(1 << 20, dtype=np.uint8).tofile(p)
     rate, source = ceiling.read_ceiling_files(paths, None, 0.2, 4)
     assert rate > 0 and "4 threads" in source and "2 files (2 MB)" in source and "fio not installed" in source
+
+
+LOG = """\
+fio-3.33
+qd32 pair 0: {"fio": {"iops": 80000.0, "cores": 0.4}, "carina": {"iops": 60000.0, "cores": 0.3, "verified_bytes": 0.0}}
+qd32 pair 1: {"carina": {"iops": 70000.0, "cores": 0.2, "verified_bytes": 0.0}, "fio": {"iops": 100000.0, "cores": 0.5}}
+qd32 pair 2: {"fio": {"iops": 90000.0, "cores": 0.6}, "carina": {"iops": 45000.0, "cores": 0.1, "verified_bytes": 0.0}}
+== sort (timeout 40 s, t=29 s)
+0.405 GB/s, 90% of the disk-bound floor
+"""
+
+
+def test_transcribed_records_hold_the_printed_pairs_and_their_medians(tmp_path: Path) -> None:
+    tr = importlib.import_module("transcribe_s2_log")
+    log = tmp_path / "io_s2.log"
+    log.write_text(LOG)
+    rr = tr.randread(log, LOG.splitlines())
+    (fig,) = rr["figures"]
+    assert (fig["value"], fig["ceiling"]) == (60000.0, 90000.0)  # medians of the three pairs
+    assert rr["metrics"]["qd32"]["pair_ratio_median"] == 0.7  # of 0.75, 0.7, 0.5
+    assert [p["order"] for p in rr["metrics"]["pairs"]] == ["fio first", "carina first", "fio first"]
+    assert rr["machine"]["label"] == "h100" and rr["command"] == tr.COMMAND
+    assert "transcribed from" in rr["notes"].lower() and "lost when the step limit killed it" in rr["notes"]
+    srt = tr.sort(log, LOG.splitlines())
+    assert [(f["name"], f["value"], f["ceiling"]) for f in srt["figures"]] == [
+        ("external_sort", 0.405, None),
+        ("external_sort_fraction_of_disk_bound_floor", 0.9, None),
+    ]
+    assert srt["environment"] == tr.ENVIRONMENT
+
+
+def test_device_script_skips_steps_that_cannot_finish_in_the_budget(tmp_path: Path) -> None:
+    root = BENCH.parents[1]
+    env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "12", "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "WHL_IO": str(tmp_path / "no-wheels"), "FIO": ""}  # fmt: skip
+    proc = subprocess.run(["bash", str(BENCH / "h100_s2.sh")], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name, need in [("gemm_bf16", 30), ("gemm_tf32", 35), ("cam", 25), ("randread", 35), ("sort", 40)]:
+        assert f"== {name}: SKIPPED" in proc.stdout and f"needs {need} s" in proc.stdout
+    assert "kvikio: no wheels" in proc.stdout  # the one step that fits ran
+    assert (tmp_path / "io" / "io_s2.log").read_text() == proc.stdout
