@@ -305,6 +305,13 @@ def main() -> None:
         "rows_equal compares exact integer checksums of every assembled batch.",
     )
     print(write_record(rec))
+    for k, v in everything.items():  # the key figures in the log too
+        print(f"{k:24s} seeds/s={v['seeds_per_s']:.0f} losses_equal={losses_equal[k]} rows_equal={rows_equal[k]}")
+    for b, run in carina_runs.items():
+        print(
+            f"carina@{b:g} predicted seeds/s={run['predicted']['seeds_per_s']:.0f} ({run['predicted']['bottleneck']})"
+        )
+    print(f"in-memory run twice: losses equal={mem['repeat_losses_equal']} (deterministic={args.deterministic})")
 
 
 class _HostGather:

@@ -1,8 +1,9 @@
 """Single-GPU end to end: the placement LP's batch transfer time, from calibrated links, against measured.
 
 The machine (``carina gnn calibrate`` JSON) gives the link rates of a one-GPU topology:
-``ssd0 -> cpu0`` at the batch's effective disk rate (its bytes over ``max(IOs / IOPS,
-bytes / bandwidth)``, since small reads are IOPS-bound), ``dram0 -> cpu0`` at the host
+``ssd0 -> cpu0`` at the batch's effective disk rate (its bytes over
+:func:`~carina.gnn.costmodel.disk_seconds`: ``IOs / IOPS + bytes / bandwidth`` with the
+machine's default additive disk cost), ``dram0 -> cpu0`` at the host
 gather rate and ``cpu0 <-> gpu0`` at the measured pinned H2D rate. Per batch the demand is
 the disk pages the store reads for the cache misses (``ssd0 -> gpu0``) and the host-cache
 rows (``dram0 -> gpu0``); :func:`schedule_lp` predicts the time. Measured: the same batch's
@@ -25,7 +26,7 @@ import torch
 
 from carina.core.bench import Basis, Figure, make_record, write_record
 from carina.gnn.cache import CacheConfig, HotnessSource
-from carina.gnn.costmodel import MachineSpec, best_gap_pages
+from carina.gnn.costmodel import MachineSpec, best_gap_pages, disk_seconds
 from carina.gnn.dataset import PAGE, Dataset
 from carina.gnn.placement.schedule import Demand, schedule_lp
 from carina.gnn.placement.topology import NodeKind, Topology
@@ -76,7 +77,7 @@ def one_batch(store: OutOfCoreFeatures, plan, device: str, pool: ThreadPoolExecu
 
 def predict(machine: MachineSpec, row: dict, row_bytes: int) -> float:
     disk_b = row["pages"] * PAGE
-    t_disk = max(row["ios"] / machine.ssd_iops, disk_b / (machine.ssd_read_gbps * 1e9)) if disk_b else 0.0
+    t_disk = disk_seconds(machine, row["ios"], row["pages"])
     rate = disk_b / t_disk / 1e9 if t_disk else machine.ssd_read_gbps
     demand = [Demand("ssd0", "gpu0", disk_b / 1e9), Demand("dram0", "gpu0", row["host_rows"] * row_bytes / 1e9)]
     return schedule_lp(topology(machine, rate), demand).time_s
@@ -147,8 +148,8 @@ def main() -> None:
             "loadavg_at_end": os.getloadavg(),
         },
         notes="Topology: one GPU, one socket, one disk; link rates from the machine calibration, the disk link at "
-        "each batch's effective rate (IOPS- or bandwidth-bound). Measured: disk read on a thread concurrent with "
-        "the host rows' gather and H2D copy, then the missing rows' copy; batch 0 is a warm-up.",
+        f"each batch's effective rate (disk_seconds, disk_cost={machine.disk_cost}). Measured: disk read on a "
+        "thread concurrent with the host rows' gather and H2D copy, then the missing rows' copy; batch 0 is a warm-up.",
     )
     print(write_record(rec))
     print(

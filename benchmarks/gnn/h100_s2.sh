@@ -7,7 +7,9 @@
 #      carina seeds/s re-measure that record with hole merging on)
 #   3. bench_outofcore --preset igb-like: 512k nodes, 1024-d fp32 (one 4 KiB page per row, 2 GB), default kernels
 #   4. bench_placement_e2e: the placement LP's batch transfer time from calibrated links vs measured
-# Writes at most 4 files to $OUT/gnn/: log.txt and three JSON records.
+# Writes at most 5 files to $OUT/gnn/: log.txt, the calibration (machine_<tag>.json) and three JSON records.
+# Each benchmark writes its record into $OUT/gnn/ (CARINA_RESULTS_DIR) as soon as its step ends, and prints
+# its key figures into log.txt; the summary at the end only reads those files.
 # Usage (repository root): OUT=<dir> bash benchmarks/gnn/h100_s2.sh
 # Proof on CPU (tiny sizes):  DEVICE=cpu OUT=/tmp/gnn_out PYTHON=.venv/bin/python bash benchmarks/gnn/h100_s2.sh
 set -u
@@ -35,6 +37,7 @@ step() {  # step <name> <timeout s> <command...>
 }
 : > "$LOG"
 step calibrate 15 $PY -m carina gnn calibrate "$WORK" --device "$DEVICE" --size-mb "$CAL_MB" --out "$MACHINE"
+[ -f "$MACHINE" ] && cp "$MACHINE" "$OUT/gnn/machine_$TAG.json"  # kept with the records (each record embeds it too)
 MOPT=()
 [ -f "$MACHINE" ] && MOPT=(--machine "$MACHINE")
 step determinism 60 $PY benchmarks/gnn/bench_determinism.py --data "$WORK/papers" --nodes "$P_NODES" --dim 128 \

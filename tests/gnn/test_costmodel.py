@@ -3,7 +3,16 @@ import math
 import pytest
 
 from carina.core.errors import CapacityError, ConfigError
-from carina.gnn.costmodel import MachineSpec, Overlap, WorkloadProfile, best_gap_pages, hit_rate, predict, recommend
+from carina.gnn.costmodel import (
+    MachineSpec,
+    Overlap,
+    WorkloadProfile,
+    best_gap_pages,
+    disk_seconds,
+    hit_rate,
+    predict,
+    recommend,
+)
 
 
 def _work(**kw):
@@ -23,7 +32,14 @@ def _work(**kw):
 
 
 def _machine(**kw):
-    base = dict(ssd_count=1, ssd_read_gbps=4.096, ssd_iops=1_000_000.0, pcie_gbps=40.96, host_gather_gbps=10.0)
+    base = dict(
+        ssd_count=1,
+        ssd_read_gbps=4.096,
+        ssd_iops=1_000_000.0,
+        pcie_gbps=40.96,
+        host_gather_gbps=10.0,
+        disk_cost="overlapped",
+    )
     base.update(kw)
     return MachineSpec(**base)
 
@@ -39,6 +55,20 @@ def test_disk_bound_closed_form():
     assert p.epoch_s == pytest.approx(10.0)
     two = predict(_machine(ssd_count=2), _work(), gpu_cache_rows=0, host_cache_rows=0)
     assert two.stages["disk"] == pytest.approx(0.05)
+
+
+def test_additive_disk_cost_closed_form():
+    # the same 90k IOs and 409.6 MB: 0.09 s of requests + 0.1 s of transfer; two SSDs halve both
+    p = predict(_machine(disk_cost="additive"), _work(), gpu_cache_rows=0, host_cache_rows=0)
+    assert p.stages["disk"] == pytest.approx(0.19)
+    two = predict(_machine(disk_cost="additive", ssd_count=2), _work(), gpu_cache_rows=0, host_cache_rows=0)
+    assert two.stages["disk"] == pytest.approx(0.095)
+    # the bus caps the transfer term only: 8 SSDs behind 10 GB/s
+    eight = _machine(disk_cost="additive", ssd_count=8, bus_limit_gbps=10.0)
+    assert disk_seconds(eight, 80_000, 1_000_000) == pytest.approx(0.01 + 4.096e9 / 10e9)
+    assert MachineSpec().disk_cost == "additive"
+    with pytest.raises(ConfigError, match="disk_cost"):
+        _machine(disk_cost="fast")
 
 
 def test_serial_is_the_sum():
