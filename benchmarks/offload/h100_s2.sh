@@ -17,12 +17,12 @@
 # activations during profiling. The ideal is also extrapolated to the full 32 layers in each record.
 set -uo pipefail
 BUDGET=${BUDGET:-420}
-RESERVE=25          # seconds kept for the report
+RESERVE=25          # seconds kept for the final report
 OUT=${OUT:?set OUT}
 DIR="$OUT/offload"
-WORK=${WORK:-/tmp/carina_s2_work}
+WORK=${WORK:-$DIR}   # each phase's JSON lands next to the records as soon as the phase ends (never /tmp)
 mkdir -p "$DIR" "$WORK"
-rm -f "$WORK"/*.json
+rm -f "$WORK"/ideal.json "$WORK"/carina_*.json "$WORK"/fsdp2_*.json "$WORK"/notax_*.json
 LOG="$DIR/s2.log"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
@@ -44,7 +44,7 @@ fi
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() {  # step NAME CAP MIN cmd...
   local name=$1 cap=$2 min=$3; shift 3
-  local avail=$(( $(left) - RESERVE - 5 ))
+  local avail=$(( $(left) - RESERVE - 15 ))   # 10 s for the report after the step, 5 s slack
   local t=$(( cap < avail ? cap : avail ))
   if (( t < min )); then
     echo "== $name: skipped ($avail s left of the budget, needs >= $min)" | tee -a "$LOG"; return
@@ -54,6 +54,11 @@ step() {  # step NAME CAP MIN cmd...
   timeout -k 5 "$t" "$@" >>"$LOG" 2>&1
   local rc=$?
   echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
+  report 10   # records of everything measured so far, rewritten after each step
+}
+report() {  # report SECONDS
+  timeout -k 2 "$1" $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens $T8,$T32 --tokens $T8 >>"$LOG" 2>&1 \
+    || echo "== report failed (rc=$?)" | tee -a "$LOG"
 }
 
 { echo "== machine"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null; free -g; df -h /tmp | tail -1; nproc; } >>"$LOG" 2>&1
@@ -62,9 +67,8 @@ step carina_8k    "${CAPS[1]}" 60 $B carina --work "$WORK" $COMMON --tokens $T8 
 step carina_32k   "${CAPS[2]}" 60 $B carina --work "$WORK" $COMMON --tokens $T32 --steps 2
 [ "${DEVICE:-cuda}" != cpu ] && step fsdp2_8k "${CAPS[3]}" 45 $B fsdp2 --work "$WORK" $COMMON --tokens $T8 --steps 2
 step notax_3b     "${CAPS[4]}" "$NOTAX_MIN" $B notax --work "$WORK" $COMMON $NOTAX --tokens $T8 --steps 3
-# the report always runs, inside the reserve
-timeout -k 5 $(( RESERVE - 5 )) $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens $T8,$T32 --tokens $T8 >>"$LOG" 2>&1 \
-  || echo "== report failed (rc=$?)" | tee -a "$LOG"
+# the final report always runs, inside the reserve
+report $(( RESERVE - 5 ))
 echo "== total $(( $(date +%s) - START )) s of the $BUDGET s budget" | tee -a "$LOG"
 ls "$DIR"
 cat "$DIR/summary.md" 2>/dev/null

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from offload_fixtures import tiny_llama, train_losses
@@ -56,3 +58,46 @@ def test_allocator_mode_round_trips_and_rejects_unknown_values():
     assert co.Config.from_dict(cfg.to_dict()).allocator is co.AllocatorMode.AS_IS
     with pytest.raises(ConfigError):
         co.Config(allocator="huge_pages")
+
+
+def _record_setting(calls: list[tuple[str, str]], which: str):
+    return lambda settings: calls.append((which, settings))
+
+
+def test_allocator_auto_uses_the_accelerator_call_without_a_deprecation_warning(monkeypatch):
+    from carina.offload import api
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    setter = _record_setting(calls, "accelerator")
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", setter, raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", _record_setting(calls, "cuda"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        api._set_up_allocator(co.Config(allocator="auto"))
+    assert calls == [("accelerator", "expandable_segments:True")]
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")  # the user's setting wins under auto
+    api._set_up_allocator(co.Config(allocator="auto"))
+    api._set_up_allocator(co.Config(allocator="as_is"))
+    assert calls == [("accelerator", "expandable_segments:True")]
+    api._set_up_allocator(co.Config(allocator="expandable"))  # explicit: set even over the user's variable
+    assert calls == [("accelerator", "expandable_segments:True")] * 2
+
+
+def test_allocator_falls_back_to_the_cuda_call_on_an_older_torch(monkeypatch):
+    from carina.offload import api
+
+    calls: list[tuple[str, str]] = []
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delattr(torch._C, "_accelerator_setAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", _record_setting(calls, "cuda"))
+    api._set_up_allocator(co.Config(allocator="auto"))
+    assert calls == [("cuda", "expandable_segments:True")]
+
+
+def test_the_real_accelerator_call_accepts_carinas_setting():
+    # on the installed torch (2.13 CPU here, 2.11 CUDA on the H100) the call exists and takes the string
+    assert hasattr(torch._C, "_accelerator_setAllocatorSettings")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch._C._accelerator_setAllocatorSettings("expandable_segments:True")

@@ -7,6 +7,11 @@ record per (system, configuration), ``offload_peers_summary.md`` and ``offload_p
     python benchmarks/offload/peers/harness.py --preset h100     # 7B / 24 GB / 8k-32k-128k tokens
     python benchmarks/offload/peers/harness.py --preset ci       # a tiny model on the CPU
 
+Each system's records (and the table and plot, so far) are written as soon as that system finishes, and
+each run prints one line with its outcome and wall time, so a harness stopped by an outer time limit keeps
+what it measured. The ideal runs after the systems of its configuration; records written before it carry
+no ideal and are rewritten with it.
+
 Ideal: plain PyTorch with unlimited memory; when the model does not fit, its step time is
 extrapolated from 4- and 8-layer truncations (time = a + b·layers). Roofline: the step cannot
 be faster than the ideal's compute, nor than moving the bf16 weights to the GPU twice (forward
@@ -21,6 +26,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "budget": 24.0,
         "seq_len": 2048,
         "steps": 5,
-        "warmup": 2,
+        "warmup": 3,  # carina's 2 profiling steps and one planned step are not timed
         "systems": PEERS,
     },
     "h100-1b": {
@@ -56,7 +62,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "budget": 8.0,
         "seq_len": 2048,
         "steps": 3,
-        "warmup": 1,
+        "warmup": 3,  # carina's 2 profiling steps and one planned step are not timed
         "systems": ["plain", *PEERS],
     },
     "h100-3b-check": {
@@ -146,8 +152,11 @@ def main() -> None:
     systems = args.systems or list(preset["systems"])
     if args.nvme_path and "deepspeed_zero_infinity" not in systems:
         systems.append("deepspeed_zero_infinity")
+    command = " ".join(["python", *sys.argv])
+    start = time.perf_counter()
     calib = calibrate(args.timeout)
-    rows = []
+    _say(f"calibrate: {json.dumps({k: round(v, 2) for k, v in calib.items()})} in {time.perf_counter() - start:.0f} s")
+    rows: list[dict[str, Any]] = []
     for tokens in preset["tokens"]:
         base = RunSpec(
             system="plain",
@@ -159,22 +168,44 @@ def main() -> None:
             warmup=preset["warmup"],
             nvme_path=args.nvme_path,
         )
-        ideal_s, ideal_how = ideal_step_s(base, args.timeout)
-        results = {s: run_one(replace(base, system=s), args.timeout) for s in systems}
-        rows.append(
-            {
-                "tokens": tokens,
-                "base": asdict(base),
-                "ideal_s": ideal_s,
-                "ideal_how": ideal_how,
-                "roofline_s": roofline_step_s(base, ideal_s, calib),
-                "results": results,
-            }
-        )
+        row: dict[str, Any] = {
+            "tokens": tokens,
+            "base": asdict(base),
+            "ideal_s": None,
+            "ideal_how": "not measured (the harness stopped before the ideal ran)",
+            "roofline_s": None,
+            "results": {},
+        }
+        rows.append(row)
+        for system in systems:
+            start = time.perf_counter()
+            row["results"][system] = result = run_one(replace(base, system=system), args.timeout)
+            _say(f"{system} {tokens} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
+            _write(rows, calib, command, args.out)
+        start = time.perf_counter()
+        row["ideal_s"], row["ideal_how"] = ideal_step_s(base, args.timeout)
+        row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
+        ideal = f"{tokens / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
+        _say(f"ideal {tokens} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")
+        for path in _write(rows, calib, command, args.out):
+            print(path)
+
+
+def _say(line: str) -> None:
+    print(f"[harness] {line}", flush=True)
+
+
+def _outcome(result: dict[str, Any]) -> str:
+    if result["status"] == "ok":
+        return f"ok {result['tokens_per_s']:.0f} tokens/s, steps {[round(t, 3) for t in result['step_s']]}"
+    return f"{result['status']}: {result.get('reason', '')[:200]}"
+
+
+def _write(rows: list[dict[str, Any]], calib: dict[str, float], command: str, out: Path | None) -> list[Path]:
+    """Records, table and plot of everything measured so far (rewritten as more finishes)."""
     from report import write_outputs
 
-    for path in write_outputs(rows, calib, command=" ".join(["python", *sys.argv]), out=args.out):
-        print(path)
+    return write_outputs(rows, calib, command=command, out=out)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ def run_carina(spec: RunSpec) -> RunResult:
         "plan_budget": f"{fraction:.0%} of the cap",
         "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "plan": handle.plan.summary() if handle.plan is not None else None,
+        # steps timed that were still carina's profiling steps (0 when warmup > profile_steps)
+        "profiling_steps_timed": max(0, cfg.profile_steps - spec.warmup),
     }
     return result
 

@@ -162,8 +162,18 @@ def _set_up_allocator(cfg: OffloadConfig) -> None:
     if cfg.allocator is AllocatorMode.AUTO and os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
         log.info("allocator: PYTORCH_CUDA_ALLOC_CONF is set, carina leaves the allocator as it is")
         return
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    _allocator_setter()("expandable_segments:True")
     log.info("allocator: expandable segments (carina's default with a CUDA device; allocator='as_is' keeps yours)")
+
+
+def _allocator_setter() -> Any:
+    """The allocator-settings call of this torch: the accelerator-generic one where it exists.
+
+    torch 2.11 deprecates ``torch.cuda.memory._set_allocator_settings`` (a FutureWarning on every call) in
+    favour of ``torch._C._accelerator_setAllocatorSettings``; older releases have only the former.
+    """
+    new = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    return new if new is not None else torch.cuda.memory._set_allocator_settings
 
 
 def _install_state_hooks(model: nn.Module, rt: OffloadRuntime) -> None:
