@@ -68,7 +68,8 @@ def main() -> None:
     notes = (
         "transcribed from h100_s2.log of the device call; the script's JSON was lost when the step limit "
         "killed it (the script wrote its record only when the step ended, and the combined call's 120 s lane "
-        "limit killed it 29 s into the restore step). Log: " + LOG_NAME + ". 1e8-parameter MLP stack (fp32 params + AdamW moments) restored "
+        "limit killed it 29 s into the restore step). Log: " + LOG_NAME + ". "
+        "1e8-parameter MLP stack (fp32 params + AdamW moments) restored "
         "into the live model and optimizer on the GPU, 2 reps; cold = files evicted with "
         "posix_fadvise(DONTNEED) before each restore; carina reads every shard through carina.io, checks every "
         "crc32, then loads; bitwise = the restored state equals the saved one. Only the printed figures are "
