@@ -167,8 +167,17 @@ class Carina:
 
 
 # -- measurement ------------------------------------------------------------------
-def measure(method: Any, step: Any, reps: int, min_steps: int, step_no: int) -> list[dict[str, float]]:
-    """Per save: B, I against the median of the clean steps just before it (load drifts), D."""
+class SaveTimeout(RuntimeError):
+    """A save was not durable within the per-save deadline."""
+
+
+def measure(
+    method: Any, step: Any, reps: int, min_steps: int, step_no: int, deadline_s: float = 0
+) -> list[dict[str, float]]:
+    """Per save: B, I against the median of the clean steps just before it (load drifts), D.
+
+    Each save is logged (stderr) as it ends; one not durable within ``deadline_s`` raises SaveTimeout.
+    """
     out = []
     for rep in range(reps):
         base = statistics.median(step() for _ in range(min_steps))
@@ -179,12 +188,30 @@ def measure(method: Any, step: Any, reps: int, min_steps: int, step_no: int) -> 
         while not method.done():
             extra += step() - base
             n += 1
+            if deadline_s and time.perf_counter() - t0 > deadline_s:
+                raise SaveTimeout(f"save {rep + 1} of {method.name} not durable after {deadline_s:g} s ({n} steps)")
         marker = method.durable_at()
         durable = marker - wall0 if marker is not None else time.perf_counter() - t0
         out.append({"blocking_s": blocking, "interference_s": extra, "stall_s": blocking + extra,
                     "durable_s": durable, "steps_in_flight": n, "base_step_s": base})  # fmt: skip
+        print(f"  {method.name} save {rep + 1}: blocking {blocking:.4f} s, stall {blocking + extra:.4f} s, "
+              f"durable {durable:.3f} s, {n} steps in flight", file=sys.stderr, flush=True)  # fmt: skip
     method.close()
     return out
+
+
+def abandon(method: Any) -> None:
+    """After a SaveTimeout: stop a forked writer child (ours) so it does not load the disk for later methods."""
+    writer = getattr(getattr(method, "ckpt", None), "_writer", None)  # benchmark-only look at a private field
+    child = getattr(writer, "_child", None)
+    if child:
+        try:
+            os.kill(child[0], 9)
+            os.waitpid(child[0], 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        writer._child = None  # its optimizer hook stays registered and polls the writer: nothing left to reap
+        writer._pending.clear()
 
 
 def disk_ceiling(root: Path, nbytes: int) -> tuple[float, str]:
@@ -246,6 +273,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--name", default=None)
     ap.add_argument("--budget-s", type=float, default=0, help="skip methods once this much time has passed")
+    ap.add_argument("--save-deadline-s", type=float, default=0, help="give up a method whose save takes longer")
     args = ap.parse_args()
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -260,8 +288,10 @@ def main() -> None:
     nbytes = state_bytes(model, opt)
     ceiling_bw, ceiling_src = disk_ceiling(root, nbytes)
     copy_s = sync_copy_s(model, opt)
-    print(f"state {nbytes / 1e9:.3f} GB, step {base * 1e3:.1f} ms, disk {ceiling_bw / 1e9:.2f} GB/s", file=sys.stderr)
+    print(f"state {nbytes / 1e9:.3f} GB, step {base * 1e3:.1f} ms, disk {ceiling_bw / 1e9:.2f} GB/s, "
+          f"setup {time.perf_counter() - t_start:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
+    write(args, results, nbytes, base, ceiling_bw, ceiling_src, copy_s)  # the setup figures, before any method
     ours = [f"carina-{w}" for w in args.writers.split(",") if w]
     theirs = [p for p in args.peers.split(",") if p]
     # Alternate carina writers and peers, so a --budget-s cut leaves both sides measured.
@@ -273,20 +303,26 @@ def main() -> None:
             continue
         sub = root / name
         sub.mkdir(exist_ok=True)
+        t_method = time.perf_counter()
+        m: Any = None
         try:
             if name.startswith("carina-"):
-                m: Any = Carina(sub, model, opt, name.removeprefix("carina-"))
+                m = Carina(sub, model, opt, name.removeprefix("carina-"))
             else:
                 m = peers_cls[name](sub, model, opt)
-            rows = measure(m, step, args.reps, args.min_steps, 1000 * (i + 1))
+            rows = measure(m, step, args.reps, args.min_steps, 1000 * (i + 1), args.save_deadline_s)
         except Exception as exc:  # e.g. /dev/shm too small for the process writer: record it, go on
+            if isinstance(exc, SaveTimeout):
+                abandon(m)
             results[name] = {"error": str(exc)}
-            print(name, "failed:", exc, file=sys.stderr)
+            print(name, "failed:", exc, file=sys.stderr, flush=True)
+            write(args, results, nbytes, base, ceiling_bw, ceiling_src, copy_s)
             continue
         results[name] = {**summarize(rows), "reps": rows}
         shutil.rmtree(sub, ignore_errors=True)
-        print(name, json.dumps({k: round(v, 4) for k, v in summarize(rows).items()}), file=sys.stderr)
-    write(args, results, nbytes, base, ceiling_bw, ceiling_src, copy_s)
+        print(name, json.dumps({k: round(v, 4) for k, v in summarize(rows).items()}),
+              f"({time.perf_counter() - t_method:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
+        write(args, results, nbytes, base, ceiling_bw, ceiling_src, copy_s)  # after every method: a kill loses little
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -321,11 +357,27 @@ def write(args: Any, results: dict[str, Any], nbytes: int, base: float, bw: floa
                "disk_ceiling_source": src, "sync_copy_s": copy_s, "methods": results}  # fmt: skip
     device = args.device
     name = args.name or f"ckpt_stall_{device}"
-    cfg = {k: getattr(args, k) for k in ("params", "device", "reps", "min_steps", "writers", "peers", "threads")}
+    arg_keys = ("params", "device", "reps", "min_steps", "writers", "peers", "threads", "budget_s", "save_deadline_s")
+    cfg = {k: getattr(args, k) for k in arg_keys}
     notes = (f"{nbytes / 1e9:.2f} GB state (fp32 params + AdamW moments), MLP {args.params:.3g} params on {device}; "
              "stall = blocking + sum(step - median of the clean steps just before it) while the save is in "
-             "flight; medians exclude the first save (reported as first_stall_s).")  # fmt: skip
-    print(write_record(make_record(name=name, figures=figures, config=cfg, metrics=metrics, notes=notes)))
+             "flight; medians exclude the first save (reported as first_stall_s). Written after the setup and "
+             "after every method: methods absent from metrics.summary were not reached.")  # fmt: skip
+    rec = make_record(name=name, figures=figures, config=cfg, metrics=metrics, notes=notes, environment=_env())
+    print(write_record(rec), file=sys.stderr, flush=True)
+
+
+_ENV: list[Any] = []
+
+
+def _env() -> Any:
+    """This machine's environment (carina doctor), collected once per run."""
+    if not _ENV:
+        from carina.core.doctor import collect
+        from carina.core.progress import to_jsonable
+
+        _ENV.append(to_jsonable(collect(paths=())))
+    return _ENV[0]
 
 
 if __name__ == "__main__":

@@ -31,6 +31,14 @@ def _tensor_crcs(step_dir: Path) -> dict[str, int]:
     return {t.name: t.crc32 for s in m.shards for t in s.tensors if t.name.startswith(("model/", "optim/state"))}
 
 
+def test_train_command_has_offload_disagg_and_checkpoint_options() -> None:
+    res = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output  # once failed: two sources defined --ckpt-every (duplicate parameter)
+    options = ("--device-budget", "--disagg", "--ps-shards", "--ckpt-every", "--ckpt-dir", "--resume", "--ckpt-writer")
+    for opt in options:
+        assert opt in res.output, opt
+
+
 @pytest.mark.slow
 def test_train_killed_and_resumed_is_bitwise(tmp_path: Path) -> None:
     plain = _train()["result"]["losses"]  # offload's own loop, no checkpoints

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 _MAX_TILE = 1 << 20
+_T_START = time.perf_counter()  # before torch and transformers are imported: the log says what startup costs
 
 
 def fast_llama(name: str, layers: int, vocab: int) -> Any:
@@ -85,7 +86,16 @@ def _model_fn(args: argparse.Namespace) -> Any:
     return functools.partial(fast_llama, args.model, args.layers, args.vocab)
 
 
-def run_direct(args: argparse.Namespace) -> dict[str, Any]:
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _save_part(args: argparse.Namespace, part: dict[str, Any]) -> None:
+    """Write this path's partial JSON now (after every step): a kill keeps what ran."""
+    (args.out / f"{args.path}.json").write_text(json.dumps(part, indent=1) + "\n")
+
+
+def run_direct(args: argparse.Namespace, t_start: float) -> dict[str, Any]:
     """carina.offload.wrap with the CPU optimizer in this process."""
     import torch
 
@@ -93,12 +103,16 @@ def run_direct(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    _log(f"direct: imports done at {t0 - t_start:.1f} s")
     model = _model_fn(args)()
     vocab = model.config.vocab_size
+    params = sum(p.numel() for p in model.parameters())
+    _log(f"direct: {params / 1e9:.2f}B-parameter model built in {time.perf_counter() - t0:.1f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)  # the PS runs the same AdamW
     model, opt = co.wrap(model, _offload_cfg(args), optimizer=opt)
     build_s = time.perf_counter() - t0
-    losses, seconds = [], []
+    _log(f"direct: wrapped, build+wrap {build_s:.1f} s")
+    part: dict[str, Any] = {"build_s": build_s, "params": params, "losses": [], "seconds": [], "complete": False}
     for k in range(args.warm + args.steps):
         t = time.perf_counter()
         batch = token_batch(k, 0, 1, rows=args.rows, seq=args.seq, vocab=vocab).to(args.device)
@@ -106,20 +120,18 @@ def run_direct(args: argparse.Namespace) -> dict[str, Any]:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss.detach()))
-        seconds.append(time.perf_counter() - t)
+        part["losses"].append(float(loss.detach()))
+        part["seconds"].append(time.perf_counter() - t)
+        _log(f"direct: step {k} {part['seconds'][-1]:.3f} s loss {part['losses'][-1]:.4f}")
+        _save_part(args, part)
     handle = co.handle_of(model)
-    return {
-        "build_s": build_s,
-        "losses": losses,
-        "seconds": seconds,
-        "params": sum(p.numel() for p in model.parameters()),
-        "device_peak": handle.stats().peak.get("device"),
-        "plan": handle.plan.counts() if handle.plan is not None else None,
-    }
+    part["device_peak"] = handle.stats().peak.get("device")
+    part["plan"] = handle.plan.counts() if handle.plan is not None else None
+    part["complete"] = True
+    return part
 
 
-def run_ps(args: argparse.Namespace) -> dict[str, Any]:
+def run_ps(args: argparse.Namespace, t_start: float) -> dict[str, Any]:
     """carina.offload.disagg: one worker on the block runtime, the optimizer in PS shard processes."""
     from carina.offload.disagg import DisaggConfig, launch
     from carina.offload.disagg.config import PublishDtype
@@ -144,13 +156,16 @@ def run_ps(args: argparse.Namespace) -> dict[str, Any]:
 
     vocab = args.vocab or model_config(args.model).vocab_size
     batch_fn = functools.partial(token_batch, rows=args.rows, seq=args.seq, vocab=vocab)
+    _log(f"ps: launching 1 worker and {args.shards} PS shard(s) at {t0 - t_start:.1f} s")
     result = launch(cfg, steps=args.warm + args.steps, model_fn=model, batch_fn=batch_fn, loss_fn=lm_loss)
     total = time.perf_counter() - t0
+    _log(f"ps: steps {[round(x, 3) for x in result.step_seconds]}, launch total {total:.1f} s")
     return {
         "total_s": total,
         "losses": result.losses,
         "seconds": result.step_seconds,
         "config": cfg.to_dict(),
+        "complete": True,
     }
 
 
@@ -163,12 +178,15 @@ def report(out: Path, args: argparse.Namespace) -> int:
     rows, meds = [], {}
     for path in ("direct", "ps"):
         part = parts.get(path)
-        if part is None or not part.get("seconds"):
-            rows.append((path, "did not finish", "", ""))
+        timed = (part or {}).get("seconds", [])[args.warm :]  # warm steps (profiling included) never count
+        if part is None or not timed:
+            ran = len(part["seconds"]) if part else 0
+            rows.append((path, f"no timed step ({ran} ran)", "", ""))
             continue
-        med = statistics.median(part["seconds"][args.warm :] or part["seconds"])
+        med = statistics.median(timed)
         meds[path] = med
-        rows.append((path, f"{med:.3f}", f"{tokens / med:,.0f}", f"{part['losses'][-1]:.4f}"))
+        done = "" if part.get("complete", True) else f" (partial: {len(timed)} timed)"
+        rows.append((path, f"{med:.3f}{done}", f"{tokens / med:,.0f}", f"{part['losses'][-1]:.4f}"))
     figures = []
     if "direct" in meds:
         figures.append(Figure(name="direct_step_s", value=meds["direct"], unit="s", higher_is_better=False))
@@ -227,10 +245,10 @@ def main() -> int:
     if args.path is None:
         ap.error("--path or --report")
     t0 = time.perf_counter()
-    part = run_direct(args) if args.path == "direct" else run_ps(args)
+    part = run_direct(args, _T_START) if args.path == "direct" else run_ps(args, _T_START)
     part["wall_s"] = time.perf_counter() - t0
-    (args.out / f"{args.path}.json").write_text(json.dumps(part, indent=1) + "\n")
-    print(f"{args.path}: steps {[round(s, 3) for s in part['seconds']]} wall {part['wall_s']:.1f} s")
+    _save_part(args, part)
+    print(f"{args.path}: steps {[round(s, 3) for s in part['seconds']]} wall {part['wall_s']:.1f} s", flush=True)
     return 0
 
 

@@ -1,9 +1,9 @@
 """``carina train`` with checkpoints: carina.offload's trainer composed with carina.ckpt.
 
-carina.offload owns ``carina train`` (:mod:`carina.offload.train_cli`) and must
-not import carina.ckpt (workloads do not import each other), so the two meet
-here, on the CLI floor. This module's command is offload's ``train`` command
-plus three options:
+This module owns ``carina train``: it is carina.offload's ``train`` command
+(:mod:`carina.offload.train_cli`, which never imports carina.ckpt or carina.cli:
+workloads do not import each other and point down floors only) plus the
+checkpoint options, composed here on the CLI floor:
 
     carina train --model tiny --steps 100 --ckpt-every 25 --ckpt-dir ckpts
     carina train --model tiny --steps 100 --ckpt-every 25 --ckpt-dir ckpts --resume
@@ -13,7 +13,10 @@ loop as :func:`carina.offload.job.run` runs here with a
 :class:`carina.ckpt.Checkpointer` saving model masters, optimizer state, RNG
 states and the data position every K steps; ``--resume`` restores the newest
 verified checkpoint and fast-forwards the token stream, so a killed and resumed
-run gives bitwise the losses of an uninterrupted one.
+run gives bitwise the losses of an uninterrupted one. With ``--disagg``, the
+parameter-server state is checkpointed instead (:mod:`carina.cli.train_disagg`):
+
+    carina train --disagg --workers 2 --steps 10 --device cpu --ckpt-dir ck --ckpt-every 2
 """
 
 from __future__ import annotations
@@ -139,13 +142,11 @@ def _build(params: dict[str, Any]) -> Any:
 
 
 def _checkpointed(params: dict[str, Any], opts: CkptOptions) -> None:
-    from carina.core.errors import CarinaError, ConfigError
+    from carina.core.errors import CarinaError
     from carina.core.progress import console, emit_json
     from carina.offload.train_cli import _show
 
     try:
-        if params["disagg"]:
-            raise ConfigError("--ckpt-every/--resume do not apply to --disagg", key="disagg")
         cfg = _build(params)
         result, summary = run_checkpointed(cfg, opts)
     except CarinaError as exc:
@@ -172,7 +173,8 @@ def _command() -> typer.Typer:
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint)
         for name, default, hint in (
             ("ckpt_every", 0, Annotated[int, typer.Option(help="Checkpoint every K steps (0: never).")]),
-            ("ckpt_dir", None, Annotated[Path | None, typer.Option(help="Checkpoint directory (default ./ckpts).")]),
+            ("ckpt_dir", None, Annotated[Path | None, typer.Option(
+                help="Checkpoint directory (default ./ckpts); with --disagg: the PS state, resumed if present.")]),
             ("resume", False, Annotated[bool, typer.Option("--resume", help="Continue from the newest checkpoint.")]),
             ("ckpt_writer", "thread", Annotated[str, typer.Option(help="thread, fork, process or sync.")]),
         )
@@ -181,6 +183,11 @@ def _command() -> typer.Typer:
     def train(**params: Any) -> None:
         every, ckpt_dir = params.pop("ckpt_every"), params.pop("ckpt_dir")
         resume, writer = params.pop("resume"), params.pop("ckpt_writer")
+        if params["disagg"] and (every or resume or ckpt_dir is not None):
+            from carina.cli.train_disagg import run_cli
+
+            run_cli(params, ckpt_dir=Path(ckpt_dir or "ckpts"), every=every)
+            return
         if not every and not resume:
             offload_train(**params)
             return

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DisaggRun", "run_disagg"]
+__all__ = ["DisaggRun", "run_cli", "run_disagg"]
 
 
 @dataclass
@@ -69,3 +69,41 @@ def run_disagg(
         run_cfg = replace(cfg, checkpoint_every=ckpt_every)
         result = launch(run_cfg, steps=steps, start_step=start, state=state, on_checkpoint=on_checkpoint, **launch_kw)
         return DisaggRun(start, result, saved)
+
+
+def run_cli(params: dict[str, Any], *, ckpt_dir: Path, every: int) -> None:
+    """``carina train --disagg --ckpt-dir D [--ckpt-every K]``: run, checkpoint, report (exit 2 on errors).
+
+    Args:
+        params: The parsed options of offload's ``train`` command.
+        ckpt_dir: Where the PS state is checkpointed (and resumed from).
+        every: Save every this many steps (0: resume only).
+    """
+    import time
+
+    import typer
+
+    from carina.core.errors import CarinaError
+    from carina.offload.disagg import DisaggConfig
+    from carina.offload.train_cli import show_disagg
+
+    try:
+        cfg = DisaggConfig(
+            workers=params["workers"],
+            ps_shards=params["ps_shards"],
+            device=params["device"] or "auto",
+            lr=params["lr"] or 1e-3,
+        )
+        start = time.perf_counter()
+        run = run_disagg(cfg, steps=params["steps"] or 5, ckpt_dir=ckpt_dir, ckpt_every=every)
+    except CarinaError as exc:
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from None
+    show_disagg(
+        cfg,
+        run.result,
+        seconds=time.perf_counter() - start,
+        json_out=params["json_out"],
+        start_step=run.start_step,
+        saved=run.saved,
+    )

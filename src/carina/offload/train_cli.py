@@ -70,17 +70,13 @@ def train(
     ] = False,
     workers: Annotated[int, typer.Option(help="With --disagg: worker processes (one per GPU).")] = 2,
     ps_shards: Annotated[int, typer.Option(help="With --disagg: parameter-server shards.")] = 2,
-    ckpt_dir: Annotated[
-        Path | None, typer.Option(help="With --disagg: checkpoint the PS state here (resumes).")
-    ] = None,
-    ckpt_every: Annotated[int, typer.Option(help="With --disagg --ckpt-dir: save every N steps.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary only.")] = False,
 ) -> None:
     """Train a causal LM with carina.offload and report speed and memory per tier."""
     from carina.core.errors import CarinaError
 
     if disagg:
-        _run_disagg(workers, ps_shards, steps or 5, device or "auto", lr or 1e-3, json_out, (ckpt_dir, ckpt_every))
+        _run_disagg(workers, ps_shards, steps or 5, device or "auto", lr or 1e-3, json_out)
         return
 
     try:
@@ -112,47 +108,62 @@ def train(
         _show(cfg, result)
 
 
-def _run_disagg(
-    workers: int, ps_shards: int, steps: int, device: str, lr: float, json_out: bool, ckpt: tuple[Path | None, int]
-) -> None:
+def _run_disagg(workers: int, ps_shards: int, steps: int, device: str, lr: float, json_out: bool) -> None:
     """The disaggregated demo: a tiny Llama trained by ``workers`` processes through ``ps_shards`` PS shards.
 
-    Checkpointing composes carina.offload.disagg with carina.ckpt, so it lives on the CLI floor
-    (carina.cli.train_disagg); offload itself never imports ckpt.
+    Without checkpoints. ``carina train`` (:mod:`carina.cli.train`, the CLI floor) adds
+    ``--ckpt-dir``/``--ckpt-every`` by composing carina.offload.disagg with carina.ckpt there;
+    carina.offload imports neither carina.ckpt nor carina.cli.
     """
     import time
 
-    from carina.cli.train_disagg import run_disagg
     from carina.core.errors import CarinaError
-    from carina.core.progress import console, emit_json
-    from carina.offload.disagg import DisaggConfig
+    from carina.offload.disagg import DisaggConfig, launch
 
     try:
         cfg = DisaggConfig(workers=workers, ps_shards=ps_shards, device=device, lr=lr)
         start = time.perf_counter()
-        run = run_disagg(cfg, steps=steps, ckpt_dir=ckpt[0], ckpt_every=ckpt[1])
+        result = launch(cfg, steps=steps)
     except CarinaError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from None
-    seconds = time.perf_counter() - start
-    losses = run.result.losses if run.result is not None else []
+    show_disagg(cfg, result, seconds=time.perf_counter() - start, json_out=json_out)
+
+
+def show_disagg(
+    cfg: Any, result: Any, *, seconds: float, json_out: bool, start_step: int = 0, saved: list[int] | None = None
+) -> None:
+    """Report a disaggregated run (JSON or one line); ``result`` is a LaunchResult or None (nothing left to run).
+
+    Args:
+        cfg: The run's :class:`~carina.offload.disagg.DisaggConfig`.
+        result: What :func:`~carina.offload.disagg.launch` returned, or None.
+        seconds: Wall time of the run.
+        json_out: Print JSON instead of a line.
+        start_step: The step the run resumed at (0: a fresh run).
+        saved: Steps checkpointed by the caller.
+    """
+    from carina.core.progress import console, emit_json
+
+    losses = result.losses if result is not None else []
     if json_out:
         emit_json(
             {
                 "config": cfg.to_dict(),
-                "start_step": run.start_step,
+                "start_step": start_step,
                 "losses": losses,
-                "steps": run.result.steps_done if run.result is not None else run.start_step,
-                "checkpoints": run.saved,
+                "steps": result.steps_done if result is not None else start_step,
+                "checkpoints": saved or [],
                 "seconds": seconds,
             }
         )
         return
-    resumed = f" (resumed at step {run.start_step})" if run.start_step else ""
+    resumed = f" (resumed at step {start_step})" if start_step else ""
+    done = result.steps_done if result is not None else start_step
     trend = f"; loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "; nothing left to train"
     console().print(
-        f"[bold]disagg[/] {workers} workers, {ps_shards} PS shards, to step {steps}{resumed} in {seconds:.1f} s"
-        f"{trend}; checkpoints {run.saved or 'none'}"
+        f"[bold]disagg[/] {cfg.workers} workers, {cfg.ps_shards} PS shards, to step {done}{resumed} in {seconds:.1f} s"
+        f"{trend}; checkpoints {saved or 'none'}"
     )
 
 

@@ -84,3 +84,26 @@ def test_dead_worker_keeps_last_full_step_checkpoint_and_resumes_bitwise(tmp_pat
 def test_ckpt_every_needs_a_directory(tmp_path: Path):
     with pytest.raises(ConfigError):
         run_disagg(CFG, steps=2, ckpt_every=2)
+
+
+@pytest.mark.slow
+def test_train_cli_disagg_checkpoints_and_resumes(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from carina.cli.app import app
+
+    args = ["train", "--disagg", "--workers", "2", "--ps-shards", "1", "--device", "cpu", "--lr", "0.01", "--json"]
+    ck = ["--ckpt-dir", str(tmp_path), "--ckpt-every", "2"]
+    first = CliRunner().invoke(app, [*args, "--steps", "2", *ck])
+    assert first.exit_code == 0, first.output
+    first_rep = json.loads(first.output)
+    assert first_rep["start_step"] == 0 and first_rep["checkpoints"] == [2] and first_rep["steps"] == 2
+    assert committed_steps(str(tmp_path)) == [2]
+    again = CliRunner().invoke(app, [*args, "--steps", "3", *ck])
+    assert again.exit_code == 0, again.output
+    rep = json.loads(again.output)
+    plain = launch(DisaggConfig(workers=2, ps_shards=1, device="cpu", lr=1e-2), steps=3)  # as the CLI builds it
+    assert rep["start_step"] == 2 and rep["steps"] == 3 and rep["checkpoints"] == []
+    assert first_rep["losses"] + rep["losses"] == plain.losses  # resumed bitwise
