@@ -8,8 +8,8 @@ checkpoint options, composed here on the CLI floor:
     carina train --model tiny --steps 100 --ckpt-every 25 --ckpt-dir ckpts
     carina train --model tiny --steps 100 --ckpt-every 25 --ckpt-dir ckpts --resume
 
-Without them the command is offload's, untouched. With them, the same training
-loop as :func:`carina.offload.job.run` runs here with a
+Without them the command is offload's, untouched. With them,
+:func:`carina.offload.job.run` runs with its ``resume``/``after_step`` hooks bound to a
 :class:`carina.ckpt.Checkpointer` saving model masters, optimizer state, RNG
 states and the data position every K steps; ``--resume`` restores the newest
 verified checkpoint and fast-forwards the token stream, so a killed and resumed
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,58 +56,33 @@ def run_checkpointed(
         The offload ``TrainResult`` (losses of the steps this process ran) and a
         summary: the step resumed from and the steps saved.
     """
-    import torch
-
     from carina.ckpt import Checkpointer, Config, WriterKind
-    from carina.offload.api import handle_of, wrap
-    from carina.offload.job import StepReport, _result, _tokens
-    from carina.offload.models import build_model, model_config
+    from carina.offload.job import run
 
-    shape = model_config(cfg.model)
-    model = build_model(shape, seed=cfg.seed)
-    params = sum(p.numel() for p in model.parameters())
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    user_opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    model, opt = wrap(model, cfg.offload, optimizer=user_opt)
-    handle = handle_of(model)
-    device = handle.runtime.device
-    data = _tokens(cfg, shape.vocab_size)
     accum = cfg.offload.grad_accumulation
     kill_after = int(os.environ.get(KILL_ENV, "-1"))
-    state: dict[str, Any] = {"model": model, "optim": opt, "data": {"micro_batches": 0}}
-    reports: list[Any] = []
+    state: dict[str, Any] = {}
     saved: list[int] = []
     start = 0
     ck_cfg = Config(dir=opts.dir, keep_last=opts.keep_last, writer=WriterKind(opts.writer), every_steps=opts.every)
     with Checkpointer(ck_cfg) as ckpt:
-        if opts.resume and ckpt.list():
-            start = ckpt.restore(state)
-            for _ in range(state["data"]["micro_batches"]):
-                next(data)  # the token stream is deterministic: skip what the saved run consumed
-        for step in range(start, cfg.steps):
-            t0 = time.perf_counter()
-            total = 0.0
-            for _ in range(accum):
-                ids = next(data).to(device)
-                loss = model(input_ids=ids, labels=ids).loss
-                (loss / accum).backward()
-                total += float(loss.detach()) / accum
-            opt.step()
-            opt.zero_grad()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            rep = StepReport(step, total, time.perf_counter() - t0, accum * cfg.micro_batch * cfg.seq_len)
-            reports.append(rep)
-            state["data"] = {"micro_batches": (step + 1) * accum}
-            if ckpt.maybe_save(step + 1, state) is not None:
-                saved.append(step + 1)
-            if on_step is not None:
-                on_step(rep)
-            if step + 1 == kill_after:
+
+        def resume(model: Any, optimizer: Any) -> int:
+            nonlocal start
+            state.update(model=model, optim=optimizer, data={"micro_batches": 0})
+            if opts.resume and ckpt.list():
+                start = ckpt.restore(state)
+            return start
+
+        def after_step(done: int) -> None:
+            state["data"] = {"micro_batches": done * accum}
+            if ckpt.maybe_save(done, state) is not None:
+                saved.append(done)
+            if done == kill_after:
                 os.kill(os.getpid(), signal.SIGKILL)
+
+        result = run(cfg, on_step, resume=resume, after_step=after_step)
         ckpt.wait()
-    handle.runtime.drain()
-    result = _result(cfg, handle, reports, params, model_bytes, {})
     return result, {"resumed_from": start, "saved": saved, "dir": opts.dir}
 
 

@@ -109,8 +109,28 @@ def _tokens(cfg: TrainConfig, vocab: int) -> Iterator[Any]:
         pos += per
 
 
-def run(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -> TrainResult:
-    """Train as configured; call ``on_step`` after every optimizer step."""
+def run(
+    cfg: TrainConfig,
+    on_step: Callable[[StepReport], None] | None = None,
+    *,
+    resume: Callable[[Any, Any], int] | None = None,
+    after_step: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train as configured.
+
+    Args:
+        cfg: The job.
+        on_step: Called with each optimizer step's report.
+        resume: Called once with the wrapped model and optimizer before the first
+            step; restores their state and returns how many steps were already done
+            (the token stream skips what those steps consumed). The seam through
+            which a caller on a higher floor (the CLI's checkpointing) resumes a run.
+        after_step: Called with the number of completed steps after each step
+            (after ``on_step``); where a caller saves checkpoints.
+
+    Returns:
+        The run's result; its losses cover the steps this call ran.
+    """
     import torch
 
     from carina.offload.api import handle_of, wrap
@@ -128,7 +148,10 @@ def run(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -
     accum = cfg.offload.grad_accumulation
     reports: list[StepReport] = []
     moved_after_profile: dict[str, int] = {}
-    for step in range(cfg.steps):
+    start = resume(model, opt) if resume is not None else 0
+    for _ in range(start * accum):
+        next(data)  # the token stream is deterministic: skip what the completed steps consumed
+    for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         total = 0.0
         for _ in range(accum):
@@ -146,6 +169,8 @@ def run(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -
             moved_after_profile = dict(handle.stats().moved)
         if on_step is not None:
             on_step(rep)
+        if after_step is not None:
+            after_step(step + 1)
     handle.runtime.drain()
     return _result(cfg, handle, reports, params, model_bytes, moved_after_profile)
 
