@@ -84,16 +84,10 @@ def run_cli(params: dict[str, Any], *, ckpt_dir: Path, every: int) -> None:
     import typer
 
     from carina.core.errors import CarinaError
-    from carina.offload.disagg import DisaggConfig
-    from carina.offload.train_cli import show_disagg
+    from carina.offload.train_cli import disagg_config, show_disagg
 
     try:
-        cfg = DisaggConfig(
-            workers=params["workers"],
-            ps_shards=params["ps_shards"],
-            device=params["device"] or "auto",
-            lr=params["lr"] or 1e-3,
-        )
+        cfg = disagg_config(params)  # with --hosts/--rdzv: this host's part (its own checkpoints)
         start = time.perf_counter()
         run = run_disagg(cfg, steps=params["steps"] or 5, ckpt_dir=ckpt_dir, ckpt_every=every)
     except CarinaError as exc:

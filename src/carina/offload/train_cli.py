@@ -68,16 +68,29 @@ def train(
     disagg: Annotated[
         bool, typer.Option("--disagg", help="Disaggregated data parallel: workers + parameter-server shards.")
     ] = False,
-    workers: Annotated[int, typer.Option(help="With --disagg: worker processes (one per GPU).")] = 2,
-    ps_shards: Annotated[int, typer.Option(help="With --disagg: parameter-server shards.")] = 2,
+    workers: Annotated[
+        int | None, typer.Option(help="With --disagg: worker processes per host (default 2, or the hostfile's slots).")
+    ] = None,
+    ps_shards: Annotated[int, typer.Option(help="With --disagg: parameter-server shards per host.")] = 2,
+    hosts: Annotated[
+        Path | None, typer.Option(help="With --disagg: hostfile, 'host[:port] slots=N' per line (line = node rank).")
+    ] = None,
+    node_rank: Annotated[int | None, typer.Option(help="With --hosts: this host's line in the file, from 0.")] = None,
+    rdzv: Annotated[
+        str | None, typer.Option(help="With --disagg: env:// reads MASTER_ADDR, MASTER_PORT, WORLD_SIZE (hosts), RANK.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary only.")] = False,
 ) -> None:
     """Train a causal LM with carina.offload and report speed and memory per tier."""
     from carina.core.errors import CarinaError
 
     if disagg:
-        _run_disagg(workers, ps_shards, steps or 5, device or "auto", lr or 1e-3, json_out)
+        _run_disagg(dict(workers=workers, ps_shards=ps_shards, hosts=hosts, node_rank=node_rank, rdzv=rdzv,
+                         device=device, lr=lr), steps or 5, json_out)  # fmt: skip
         return
+    if hosts is not None or node_rank is not None or rdzv is not None:
+        typer.secho("error: --hosts, --node-rank and --rdzv need --disagg", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2)
 
     try:
         cfg = _build_config(
@@ -108,20 +121,57 @@ def train(
         _show(cfg, result)
 
 
-def _run_disagg(workers: int, ps_shards: int, steps: int, device: str, lr: float, json_out: bool) -> None:
+def disagg_config(params: dict[str, Any], environ: Any = None) -> Any:
+    """The :class:`~carina.offload.disagg.DisaggConfig` of ``carina train --disagg``'s options.
+
+    Args:
+        params: The parsed options (``workers``, ``ps_shards``, ``hosts``, ``node_rank``, ``rdzv``,
+            ``device``, ``lr``).
+        environ: The environment ``--rdzv env://`` reads (default: this process's).
+
+    Raises:
+        ConfigError: Bad multi-host options (see :func:`carina.offload.disagg.hosts.resolve`), or
+            ``--workers`` that disagrees with the hostfile's slots.
+    """
+    import os
+
+    from carina.core.errors import ConfigError
+    from carina.offload.disagg import DisaggConfig
+    from carina.offload.disagg.hosts import resolve
+
+    place = resolve(
+        hostfile=params.get("hosts"),
+        node_rank=params.get("node_rank"),
+        rdzv=params.get("rdzv"),
+        environ=os.environ if environ is None else environ,
+    )
+    workers = params.get("workers")
+    if place is not None and place.slots is not None and workers is not None and workers != place.slots:
+        raise ConfigError(
+            f"--workers {workers} but {params['hosts']} gives this host slots={place.slots}", key="workers"
+        )
+    cfg = DisaggConfig(
+        workers=workers or 2, ps_shards=params["ps_shards"], device=params.get("device") or "auto",
+        lr=params.get("lr") or 1e-3,
+    )  # fmt: skip
+    return cfg if place is None else place.apply(cfg)
+
+
+def _run_disagg(params: dict[str, Any], steps: int, json_out: bool) -> None:
     """The disaggregated demo: a tiny Llama trained by ``workers`` processes through ``ps_shards`` PS shards.
 
     Without checkpoints. ``carina train`` (:mod:`carina.cli.train`, the CLI floor) adds
     ``--ckpt-dir``/``--ckpt-every`` by composing carina.offload.disagg with carina.ckpt there;
-    carina.offload imports neither carina.ckpt nor carina.cli.
+    carina.offload imports neither carina.ckpt nor carina.cli. With ``--hosts``/``--rdzv`` this
+    process is one host's launcher of a multi-host job.
     """
     import time
 
     from carina.core.errors import CarinaError
-    from carina.offload.disagg import DisaggConfig, launch
+    from carina.offload.disagg import launch
 
     try:
-        cfg = DisaggConfig(workers=workers, ps_shards=ps_shards, device=device, lr=lr)
+        cfg = disagg_config(params)
         start = time.perf_counter()
         result = launch(cfg, steps=steps)
     except CarinaError as exc:
@@ -160,9 +210,12 @@ def show_disagg(
         return
     resumed = f" (resumed at step {start_step})" if start_step else ""
     done = result.steps_done if result is not None else start_step
-    trend = f"; loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "; nothing left to train"
+    share = f"host {cfg.host_rank}'s share of the " if cfg.hosts > 1 else ""
+    trend = f"; {share}loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "; nothing left to train"
+    where = f" on host {cfg.host_rank} of {cfg.hosts}" if cfg.hosts > 1 else ""
     console().print(
-        f"[bold]disagg[/] {cfg.workers} workers, {cfg.ps_shards} PS shards, to step {done}{resumed} in {seconds:.1f} s"
+        f"[bold]disagg[/] {cfg.workers} workers, {cfg.ps_shards} PS shards{where}, to step {done}{resumed} in "
+        f"{seconds:.1f} s"
         f"{trend}; checkpoints {saved or 'none'}"
     )
 

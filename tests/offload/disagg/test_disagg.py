@@ -170,3 +170,43 @@ def test_train_cli_disagg_json():
     report = json.loads(out.stdout)
     ref_losses, _ = reference(2, 2, DisaggConfig(lr=1e-2))
     assert report["steps"] == 2 and report["losses"] == ref_losses
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_train_cli_two_hosts_on_loopback_hostfile_and_env(tmp_path):
+    """Two `carina train --disagg` launchers, node 0 from a hostfile, node 1 from env://, on 127.0.0.1."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    port = _free_port()
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"# two node ranks on loopback\n127.0.0.1:{port} slots=1\n127.0.0.1 slots=1  # node 1\n")
+    common = ["--disagg", "--ps-shards", "1", "--steps", "2", "--device", "cpu", "--lr", "0.01", "--json"]
+    cmd = [sys.executable, "-m", "carina", "train", *common]
+    env1 = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2", "RANK": "1"}
+    procs = [
+        subprocess.Popen([*cmd, "--hosts", str(hostfile), "--node-rank", "0"], stdout=subprocess.PIPE, text=True),
+        subprocess.Popen([*cmd, "--rdzv", "env://", "--workers", "1"], stdout=subprocess.PIPE, text=True, env=env1),
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    reports = [json.loads(o) for o in outs]
+    assert [(r["config"]["hosts"], r["config"]["host_rank"], r["config"]["workers"]) for r in reports] == [
+        (2, 0, 1),
+        (2, 1, 1),
+    ]
+    assert all(r["config"]["master_port"] == port and r["steps"] == 2 for r in reports)
+    ref_losses, _ = reference(2, 2, DisaggConfig(lr=1e-2))
+    # Each host reports its share; the shares sum to the global loss. Two hosts of one worker each are
+    # bitwise equal to one host of two workers (a two-term sum does not depend on the order).
+    assert [a + b for a, b in zip(reports[0]["losses"], reports[1]["losses"], strict=True)] == ref_losses
