@@ -17,6 +17,12 @@ run gives bitwise the losses of an uninterrupted one. With ``--disagg``, the
 parameter-server state is checkpointed instead (:mod:`carina.cli.train_disagg`):
 
     carina train --disagg --workers 2 --steps 10 --device cpu --ckpt-dir ck --ckpt-every 2
+
+Several hosts run one launcher each, placed by a hostfile or torch.distributed's ``env://``
+variables (:mod:`carina.offload.disagg.hosts`); each checkpoints its own copy of the PS state:
+
+    carina train --disagg --hosts hosts --node-rank 1 --ps-shards 4 --steps 100
+    MASTER_ADDR=10.0.0.1 MASTER_PORT=29650 WORLD_SIZE=2 RANK=1 carina train --disagg --rdzv env:// --workers 8
 """
 
 from __future__ import annotations

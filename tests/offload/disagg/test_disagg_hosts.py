@@ -121,12 +121,15 @@ ENV = {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "29800", "WORLD_SIZE": "3", "RA
 
 def test_env_reads_torch_distributed_variables():
     assert from_env(ENV) == Rendezvous(hosts=3, host_rank=2, master_addr="10.1.1.1", master_port=29800)
+    assert from_env({**ENV, "MASTER_ADDR": "fd00::1"}).master_addr == "[fd00::1]"  # bracketed for tcp://
 
 
 @pytest.mark.parametrize(
     ("change", "key"),
     [
         ({"MASTER_ADDR": None}, "MASTER_ADDR"),
+        ({"MASTER_ADDR": "two words"}, "MASTER_ADDR"),
+        ({"MASTER_ADDR": "[::1]:29500"}, "MASTER_ADDR"),
         ({"MASTER_PORT": None}, "MASTER_PORT"),
         ({"MASTER_PORT": "99999"}, "MASTER_PORT"),
         ({"WORLD_SIZE": "two"}, "WORLD_SIZE"),

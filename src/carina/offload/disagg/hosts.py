@@ -189,6 +189,11 @@ def from_env(environ: Mapping[str, str]) -> Rendezvous:
     addr = environ.get("MASTER_ADDR", "").strip()
     if not addr:
         raise ConfigError("env:// needs MASTER_ADDR in the environment", key="MASTER_ADDR")
+    if ":" in addr and not addr.startswith("["):
+        addr = f"[{addr}]"  # an IPv6 address, bracketed for tcp://addr:port
+    match = _HOST.fullmatch(addr)
+    if match is None or match["port"] is not None:
+        raise ConfigError(f"env://: MASTER_ADDR={addr!r} is not a host name or address", key="MASTER_ADDR")
     port, world, rank = (_env_int(environ, n) for n in ("MASTER_PORT", "WORLD_SIZE", "RANK"))
     if not 1 <= port <= 65535:
         raise ConfigError(f"env://: MASTER_PORT={port} is not in 1..65535", key="MASTER_PORT")
