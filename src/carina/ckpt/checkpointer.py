@@ -21,7 +21,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from carina.ckpt.commit import CommitJob
+from carina.ckpt.commit import CommitJob, committed_steps
 from carina.ckpt.config import CheckpointConfig
 from carina.ckpt.rng import capture_rng, restore_rng
 from carina.ckpt.staging import Stager, host_arena
@@ -71,6 +71,14 @@ class Checkpointer:
         self._writer = make_writer(config.writer)
         self._next_arena = 0
         self._hooked: set[int] = set()
+        self._remote: Any = None
+        self._unpushed: list[int] = []  # steps saved here, not yet uploaded
+        if config.remote:
+            if self.world_size > 1:
+                raise CheckpointError("remote checkpoints support one process only", key="remote")
+            from carina.ckpt.remote import RemoteStore
+
+            self._remote = RemoteStore(config.remote, config.remote_options)
 
     # -- save ------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
@@ -106,6 +114,8 @@ class Checkpointer:
             chunks={name: (c.global_shape, c.offset) for name, c in chunks.items()},
         )
         self._writer.submit(job, snap, self._stager.handle(arena))
+        if self._remote is not None:
+            self._unpushed.append(int(step))
         self._next_arena = (arena + 1) % self._stager.arenas
         return SaveHandle(int(step), time.perf_counter() - t0, snap.layout.size, self)
 
@@ -140,15 +150,30 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until every save is committed.
 
+        With ``remote`` set, the committed checkpoints saved since the last
+        call are then uploaded (in this thread; the manifest object last).
+
         Raises:
-            CheckpointError: A background write failed.
+            CheckpointError: A background write or an upload failed.
         """
         self._writer.wait()
+        self._push()
+
+    def _push(self) -> None:
+        """Upload the still-local checkpoints saved here, oldest first (pruned ones are skipped)."""
+        if self._remote is None:
+            return
+        while self._unpushed:
+            step = self._unpushed[0]
+            if step in committed_steps(self.config.dir):
+                self._remote.upload(self.config.dir, step, self.config.keep_last)
+            self._unpushed.pop(0)
 
     def close(self) -> None:
-        """Finish pending saves, stop the writer and release the arenas."""
+        """Finish pending saves and uploads, stop the writer and release the arenas."""
         try:
             self._writer.close()
+            self._push()
         finally:
             self._stager.close()
 
@@ -174,6 +199,8 @@ class Checkpointer:
         """
         from carina.ckpt.restore import load_for_rank
 
+        if self._remote is not None:
+            self._pull(step)
         manifest, saved = load_for_rank(self.config.dir, state, self.rank, step)
         missing = [k for k in state if k not in saved]
         if missing:
@@ -185,6 +212,24 @@ class Checkpointer:
                 state[key] = _detach_copies(saved[key])
         restore_rng(saved[_RNG_KEY])
         return manifest.step
+
+    def _pull(self, step: int | None) -> None:
+        """Fetch from ``remote`` what a local restore lacks: ``step``, or a newer checkpoint."""
+        from carina.ckpt.remote import newest_local
+
+        local = committed_steps(self.config.dir)
+        if step is not None:
+            if step not in local:
+                self._remote.fetch(self.config.dir, step)
+            return
+        remote = self._remote.committed_steps()
+        newest = newest_local(self.config.dir)
+        if remote and (newest is None or remote[-1] > newest):
+            try:
+                self._remote.fetch(self.config.dir)
+            except CheckpointError:
+                if not local:
+                    raise
 
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints, oldest first."""
