@@ -232,3 +232,32 @@ def test_memory_url_and_config(tmp_path: Path) -> None:
     step, got = _restored(tmp_path / "fresh", remote=url)
     assert step == 3
     assert_bitwise(got, saved[3])
+
+
+def test_cli_on_s3(tmp_path: Path, bucket_url: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from carina.ckpt.cli import app
+
+    _local_checkpoints(tmp_path / "local", [1, 2, 3])
+    store = _store(bucket_url, s3_endpoint)
+    for step in (1, 2, 3):
+        store.upload(str(tmp_path / "local"), step)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # what the CLI reads, like any AWS client
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    runner = CliRunner()
+    rows = json.loads(runner.invoke(app, ["ls", bucket_url, "--json"]).output)
+    assert [(r["step"], r["latest"]) for r in rows] == [(1, False), (2, False), (3, True)]
+    name = _flip_object_byte(store, 2, 5)
+    res = runner.invoke(app, ["verify", bucket_url, "--json"])
+    assert res.exit_code == 1, res.output
+    verdicts = {r["step"]: r for r in json.loads(res.output)}
+    assert verdicts[1]["ok"] and verdicts[3]["ok"] and not verdicts[2]["ok"] and name in verdicts[2]["error"]
+    out = json.loads(runner.invoke(app, ["inspect", bucket_url, "--json"]).output)
+    assert out["step"] == 3 and any(t["name"] == "model/0.weight" for t in out["tensors"])
+    res = runner.invoke(app, ["prune", bucket_url, "--keep", "1", "--json"])
+    assert json.loads(res.output)["removed"] == ["step_0000000001", "step_0000000002"]
+    assert store.committed_steps() == [3]

@@ -180,7 +180,10 @@ class RemoteStore:
             if step in gone or (step <= newest and step not in steps):
                 self.fs.rm(self._path(step_dir_name(step)), recursive=True)
             elif step in steps:
-                self._drop_stale_shards(step)
+                try:
+                    self._drop_stale_shards(step)
+                except CorruptCheckpoint:
+                    pass  # a malformed manifest names nothing to keep: leave its objects for inspection
         self._refresh()
         return gone
 
@@ -226,6 +229,14 @@ class RemoteStore:
             _commit_local(local_root, manifest, blobs)
             return cand
         raise CheckpointError("no committed, verified remote checkpoint found", path=self.url)
+
+    def verify(self, step: int) -> Manifest:
+        """Read every shard object of ``step`` and check its size and checksums (nothing is written).
+
+        Raises:
+            CorruptCheckpoint: The first problem found, naming the object, offset and tensor.
+        """
+        return self._download_verified(step)[0]
 
     def _download_verified(self, step: int) -> tuple[Manifest, dict[str, bytes]]:
         manifest = self.read_manifest(step)
