@@ -261,3 +261,32 @@ def test_cli_on_s3(tmp_path: Path, bucket_url: str, s3_endpoint: str, monkeypatc
     res = runner.invoke(app, ["prune", bucket_url, "--keep", "1", "--json"])
     assert json.loads(res.output)["removed"] == ["step_0000000001", "step_0000000002"]
     assert store.committed_steps() == [3]
+
+
+def test_uploads_run_in_the_background(tmp_path: Path, bucket_url: str, s3_endpoint: str, writer: str) -> None:
+    state = make_state(0)
+    options = _options(s3_endpoint)
+    remote = {"remote": bucket_url, "remote_options": options}
+    config = Config(dir=str(tmp_path), keep_last=0, every_steps=2, writer=WriterKind(writer), **remote)
+    with Checkpointer(config) as ckpt:
+        for step in range(1, 9):
+            state["optim"].step()
+            ckpt.maybe_save(step, state)  # no wait(): uploads are queued as saves commit
+    # close() drained the uploader: every save is on the bucket, each bitwise like its local copy
+    store = _store(bucket_url, s3_endpoint)
+    assert store.committed_steps() == [2, 4, 6, 8]
+    for step in (2, 8):
+        shard = store.read_manifest(step).shards[0]
+        local = (tmp_path / f"step_{step:010d}" / "rank00000.safetensors").read_bytes()
+        assert store.fs.cat_file(f"{store.root}/step_{step:010d}/{shard.file}") == local
+
+
+def test_failed_upload_surfaces(tmp_path: Path, s3_endpoint: str) -> None:
+    missing = f"s3://no-such-bucket-{secrets.token_hex(4)}/run"
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), remote=missing, remote_options=_options(s3_endpoint))) as ckpt:
+        ckpt.save(1, state)
+        with pytest.raises(CheckpointError, match="upload of step 1 failed"):
+            ckpt.wait()
+        ckpt.wait()  # raised once; the local checkpoint is committed regardless
+    assert committed_steps(str(tmp_path)) == [1]

@@ -76,9 +76,10 @@ class Checkpointer:
         if config.remote:
             if self.world_size > 1:
                 raise CheckpointError("remote checkpoints support one process only", key="remote")
-            from carina.ckpt.remote import RemoteStore
+            from carina.ckpt.remote import RemoteStore, Uploader
 
             self._remote = RemoteStore(config.remote, config.remote_options)
+            self._uploader = Uploader(self._remote, config.dir, config.keep_last)
 
     # -- save ------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
@@ -92,6 +93,7 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         self._writer.check()
+        self._push(committed_only=True)
         arena = self._free_arena()
         captured = {k: _state_of(v) for k, v in state.items()}
         captured[_RNG_KEY] = capture_rng()
@@ -150,30 +152,36 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until every save is committed.
 
-        With ``remote`` set, the committed checkpoints saved since the last
-        call are then uploaded (in this thread; the manifest object last).
+        With ``remote`` set, it then waits for their uploads as well.
 
         Raises:
             CheckpointError: A background write or an upload failed.
         """
         self._writer.wait()
-        self._push()
+        if self._remote is not None:
+            self._push()
+            self._uploader.drain()
 
-    def _push(self) -> None:
-        """Upload the still-local checkpoints saved here, oldest first (pruned ones are skipped)."""
+    def _push(self, committed_only: bool = False) -> None:
+        """Hand saved steps to the background uploader, oldest first; an earlier failed upload raises.
+
+        With ``committed_only``, stop at the first step not yet committed locally
+        (its writer is still busy); otherwise every step goes (the writer is done).
+        """
         if self._remote is None:
             return
-        while self._unpushed:
-            step = self._unpushed[0]
-            if step in committed_steps(self.config.dir):
-                self._remote.upload(self.config.dir, step, self.config.keep_last)
-            self._unpushed.pop(0)
+        self._uploader.check()
+        done = set(committed_steps(self.config.dir)) if committed_only and self._unpushed else set()
+        while self._unpushed and (not committed_only or self._unpushed[0] in done):
+            self._uploader.submit(self._unpushed.pop(0))
 
     def close(self) -> None:
         """Finish pending saves and uploads, stop the writer and release the arenas."""
         try:
             self._writer.close()
-            self._push()
+            if self._remote is not None:
+                self._push()
+                self._uploader.close()
         finally:
             self._stager.close()
 

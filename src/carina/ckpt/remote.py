@@ -35,7 +35,7 @@ from carina.ckpt.manifest import MANIFEST_NAME, Manifest, parse_manifest
 from carina.ckpt.storage import CheckpointInfo, check_shard_bytes, latest_hint, read_manifest
 from carina.core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 
-__all__ = ["RemoteStore", "is_url"]
+__all__ = ["RemoteStore", "Uploader", "is_url", "newest_local"]
 
 _STEP_RE = re.compile(r"^step_(\d{10})$")
 
@@ -255,6 +255,67 @@ class RemoteStore:
             blobs[local_name] = data
             shards.append(replace(shard, file=local_name))
         return replace(manifest, shards=tuple(shards)), blobs
+
+
+class Uploader:
+    """Uploads committed local checkpoints in a background thread; a failure surfaces at :meth:`check`.
+
+    Args:
+        store: Where to upload.
+        root: The local checkpoint directory.
+        keep_last: Remote retention after each upload (0 keeps all).
+    """
+
+    def __init__(self, store: RemoteStore, root: str, keep_last: int) -> None:
+        import queue
+        import threading
+
+        self.store, self.root, self.keep_last = store, root, keep_last
+        self._queue: queue.Queue[int | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="carina-ckpt-upload", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (step := self._queue.get()) is not None:
+            try:
+                if self._error is None and step in committed_steps(self.root):  # pruned locally: superseded
+                    self.store.upload(self.root, step, self.keep_last)
+            except BaseException as exc:  # noqa: BLE001 - kept and raised at the next check()
+                if step in committed_steps(self.root):  # else pruned locally mid-upload: superseded
+                    self._error = exc
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def submit(self, step: int) -> None:
+        """Queue the committed local checkpoint ``step``."""
+        self._queue.put(step)
+
+    def check(self) -> None:
+        """Raise the first failed upload (once).
+
+        Raises:
+            CheckpointError: An upload failed.
+        """
+        error, self._error = self._error, None
+        if isinstance(error, CheckpointError):
+            raise error
+        if error is not None:
+            raise CheckpointError(f"checkpoint upload failed: {error!r}", path=self.store.url) from error
+
+    def drain(self) -> None:
+        """Wait until every queued upload is done, then :meth:`check`."""
+        self._queue.join()
+        self.check()
+
+    def close(self) -> None:
+        """Drain and stop the thread."""
+        try:
+            self.drain()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
 
 
 def _commit_local(root: str, manifest: Manifest, blobs: dict[str, bytes]) -> None:
