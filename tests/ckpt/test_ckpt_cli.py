@@ -84,7 +84,7 @@ def test_cli_has_no_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys; from carina.ckpt.cli import app; from carina.ckpt import storage; print('torch' in sys.modules)"
+    code = "import sys; from carina.ckpt import cli, remote, storage; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

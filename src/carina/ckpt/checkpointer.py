@@ -21,7 +21,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from carina.ckpt.commit import CommitJob
+from carina.ckpt.commit import CommitJob, committed_steps
 from carina.ckpt.config import CheckpointConfig
 from carina.ckpt.rng import capture_rng, restore_rng
 from carina.ckpt.staging import Stager, host_arena
@@ -71,6 +71,15 @@ class Checkpointer:
         self._writer = make_writer(config.writer)
         self._next_arena = 0
         self._hooked: set[int] = set()
+        self._remote: Any = None
+        self._unpushed: list[int] = []  # steps saved here, not yet uploaded
+        if config.remote:
+            if self.world_size > 1:
+                raise CheckpointError("remote checkpoints support one process only", key="remote")
+            from carina.ckpt.remote import RemoteStore, Uploader
+
+            self._remote = RemoteStore(config.remote, config.remote_options)
+            self._uploader = Uploader(self._remote, config.dir, config.keep_last)
 
     # -- save ------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
@@ -84,6 +93,7 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         self._writer.check()
+        self._push(committed_only=True)
         arena = self._free_arena()
         captured = {k: _state_of(v) for k, v in state.items()}
         captured[_RNG_KEY] = capture_rng()
@@ -106,6 +116,8 @@ class Checkpointer:
             chunks={name: (c.global_shape, c.offset) for name, c in chunks.items()},
         )
         self._writer.submit(job, snap, self._stager.handle(arena))
+        if self._remote is not None:
+            self._unpushed.append(int(step))
         self._next_arena = (arena + 1) % self._stager.arenas
         return SaveHandle(int(step), time.perf_counter() - t0, snap.layout.size, self)
 
@@ -140,15 +152,36 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until every save is committed.
 
+        With ``remote`` set, it then waits for their uploads as well.
+
         Raises:
-            CheckpointError: A background write failed.
+            CheckpointError: A background write or an upload failed.
         """
         self._writer.wait()
+        if self._remote is not None:
+            self._push()
+            self._uploader.drain()
+
+    def _push(self, committed_only: bool = False) -> None:
+        """Hand saved steps to the background uploader, oldest first; an earlier failed upload raises.
+
+        With ``committed_only``, stop at the first step not yet committed locally
+        (its writer is still busy); otherwise every step goes (the writer is done).
+        """
+        if self._remote is None:
+            return
+        self._uploader.check()
+        done = set(committed_steps(self.config.dir)) if committed_only and self._unpushed else set()
+        while self._unpushed and (not committed_only or self._unpushed[0] in done):
+            self._uploader.submit(self._unpushed.pop(0))
 
     def close(self) -> None:
-        """Finish pending saves, stop the writer and release the arenas."""
+        """Finish pending saves and uploads, stop the writer and release the arenas."""
         try:
             self._writer.close()
+            if self._remote is not None:
+                self._push()
+                self._uploader.close()
         finally:
             self._stager.close()
 
@@ -174,6 +207,8 @@ class Checkpointer:
         """
         from carina.ckpt.restore import load_for_rank
 
+        if self._remote is not None:
+            self._pull(step)
         manifest, saved = load_for_rank(self.config.dir, state, self.rank, step)
         missing = [k for k in state if k not in saved]
         if missing:
@@ -185,6 +220,24 @@ class Checkpointer:
                 state[key] = _detach_copies(saved[key])
         restore_rng(saved[_RNG_KEY])
         return manifest.step
+
+    def _pull(self, step: int | None) -> None:
+        """Fetch from ``remote`` what a local restore lacks: ``step``, or a newer checkpoint."""
+        from carina.ckpt.remote import newest_local
+
+        local = committed_steps(self.config.dir)
+        if step is not None:
+            if step not in local:
+                self._remote.fetch(self.config.dir, step)
+            return
+        remote = self._remote.committed_steps()
+        newest = newest_local(self.config.dir)
+        if remote and (newest is None or remote[-1] > newest):
+            try:
+                self._remote.fetch(self.config.dir)
+            except CheckpointError:
+                if not local:
+                    raise
 
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints, oldest first."""

@@ -1,9 +1,9 @@
-"""``carina ckpt``: list, verify, inspect and prune checkpoint directories (no torch needed)."""
+"""``carina ckpt``: list, verify, inspect and prune checkpoint directories or fsspec URLs (no torch needed)."""
 
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -14,8 +14,21 @@ app = typer.Typer(
 )
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-DirArg = Annotated[str, typer.Argument(help="Checkpoint directory (holds step_N/ and latest).")]
+DirArg = Annotated[
+    str,
+    typer.Argument(
+        help="Checkpoint directory (holds step_N/ and latest), or an fsspec URL (s3://bucket/prefix; "
+        "credentials and endpoint from the AWS_* environment)."
+    ),
+]
 StepOpt = Annotated[int | None, typer.Option("--step", help="One checkpoint (default: all / newest).")]
+
+
+def _remote(location: str) -> Any:
+    """A :class:`~carina.ckpt.remote.RemoteStore` when ``location`` is a URL, else None."""
+    from carina.ckpt.remote import RemoteStore, is_url
+
+    return RemoteStore(location) if is_url(location) else None
 
 
 def _checkpoint_dir(directory: str) -> str:
@@ -31,8 +44,11 @@ def ls(directory: DirArg, json_out: JsonOpt = False) -> None:
     from carina.ckpt.storage import latest_hint, list_checkpoints
     from carina.core.progress import emit_json, print_table
 
-    infos = list_checkpoints(_checkpoint_dir(directory))
-    hint = latest_hint(directory)
+    store = _remote(directory)
+    if store is not None:
+        infos, hint = store.list(), store.latest_hint()
+    else:
+        infos, hint = list_checkpoints(_checkpoint_dir(directory)), latest_hint(directory)
     rows = [
         {
             "step": i.step,
@@ -59,7 +75,11 @@ def verify(directory: DirArg, step: StepOpt = None, json_out: JsonOpt = False) -
     from carina.ckpt.commit import committed_steps, step_dir_name
     from carina.core.progress import emit_json, print_table, progress
 
-    steps = [step] if step is not None else committed_steps(_checkpoint_dir(directory))
+    store = _remote(directory)
+    if step is not None:
+        steps = [step]
+    else:
+        steps = store.committed_steps() if store is not None else committed_steps(_checkpoint_dir(directory))
     if not steps:
         raise CheckpointError("no committed checkpoint", path=directory)
     rows = []
@@ -67,7 +87,8 @@ def verify(directory: DirArg, step: StepOpt = None, json_out: JsonOpt = False) -
         task = bar.add_task("verifying", total=len(steps))
         for s in steps:
             try:
-                m = storage.verify(os.path.join(directory, step_dir_name(s)))
+                local = os.path.join(directory, step_dir_name(s))
+                m = store.verify(s) if store is not None else storage.verify(local)
                 rows.append({"step": s, "ok": True, "bytes": m.nbytes, "error": ""})
             except CheckpointError as exc:
                 rows.append({"step": s, "ok": False, "bytes": 0, "error": str(exc)})
@@ -87,14 +108,20 @@ def inspect(directory: DirArg, step: StepOpt = None, json_out: JsonOpt = False) 
     from carina.ckpt.commit import committed_steps, step_dir_name
     from carina.core.progress import emit_json, print_table
 
+    store = _remote(directory)
     if step is None:
-        step = storage.latest_hint(_checkpoint_dir(directory))
+        if store is not None:
+            step, steps = store.latest_hint(), store.committed_steps()
+        else:
+            step, steps = storage.latest_hint(_checkpoint_dir(directory)), committed_steps(directory)
         if step is None:
-            steps = committed_steps(directory)
             if not steps:
                 raise CheckpointError("no committed checkpoint", path=directory)
             step = steps[-1]
-    m = storage.read_manifest(os.path.join(directory, step_dir_name(step)))
+    if store is not None:
+        m = store.read_manifest(step)
+    else:
+        m = storage.read_manifest(os.path.join(directory, step_dir_name(step)))
     rows = [
         {"rank": s.rank, "name": t.name, "dtype": t.dtype, "shape": list(t.shape), "bytes": t.nbytes, "crc32": t.crc32,
          "piece": "" if t.global_shape is None else f"at {list(t.global_offset or ())} of {list(t.global_shape)}"}
@@ -117,9 +144,14 @@ def prune(
 ) -> None:
     """Delete all but the newest ``--keep`` committed checkpoints and leftover temp dirs."""
     from carina.ckpt.commit import prune as do_prune
+    from carina.ckpt.commit import step_dir_name
     from carina.core.progress import emit_json
 
-    removed = do_prune(_checkpoint_dir(directory), keep)
+    store = _remote(directory)
+    if store is not None:
+        removed = [step_dir_name(s) for s in store.prune(keep)]
+    else:
+        removed = do_prune(_checkpoint_dir(directory), keep)
     if json_out:
         emit_json({"removed": removed})
     else:

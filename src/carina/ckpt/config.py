@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from carina.ckpt.writers import WriterKind
 from carina.core.config import Config, require
@@ -26,6 +27,11 @@ class CheckpointConfig(Config):
         arena_bytes: Allocate (and pin) both staging arenas of this size up front, so
             the first saves do not pay for it; 0 sizes them at the first save. They
             grow when the state outgrows them.
+        remote: An fsspec URL (``s3://bucket/prefix``, ``memory://x``, ...) that
+            committed checkpoints are uploaded to at :meth:`Checkpointer.wait` and
+            ``close``, and restored from when it holds a newer one than ``dir``
+            ("" : local only). Needs ``carina[ckpt]``; one process only.
+        remote_options: fsspec storage options (for S3: ``endpoint_url``, ``key``, ``secret``).
     """
 
     dir: str
@@ -34,6 +40,8 @@ class CheckpointConfig(Config):
     every_steps: int = 0
     commit_timeout_s: float = 600.0
     arena_bytes: int = 0
+    remote: str = ""
+    remote_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Check ranges."""
@@ -41,4 +49,5 @@ class CheckpointConfig(Config):
         require(self.keep_last >= 0, "keep_last must be >= 0", key="keep_last")
         require(self.every_steps >= 0, "every_steps must be >= 0", key="every_steps")
         require(self.arena_bytes >= 0, "arena_bytes must be >= 0", key="arena_bytes")
+        require(not self.remote or "://" in self.remote, "remote must be an fsspec URL", key="remote")
         require(self.commit_timeout_s > 0, "commit_timeout_s must be positive", key="commit_timeout_s")

@@ -26,6 +26,7 @@ __all__ = [
     "latest_hint",
     "list_checkpoints",
     "load_shard",
+    "check_shard_bytes",
     "read_manifest",
     "select",
     "select_shards",
@@ -119,7 +120,7 @@ def _read_file(path: str, size: int) -> Any:
     return buf
 
 
-def _check_bytes(buf: Any, shard: ShardEntry, path: str) -> None:
+def check_shard_bytes(buf: Any, shard: ShardEntry, path: str) -> None:
     """Header and every tensor crc32; tensors are checked by a few threads (zlib releases the GIL)."""
     view = memoryview(buf)
     if zlib.crc32(view[: shard.data_start]) != shard.header_crc32:
@@ -158,7 +159,7 @@ def load_shard(path: str, manifest: Manifest, rank: int) -> LoadedShard:
         raise CheckpointError(f"checkpoint has no shard for rank {rank}", path=path)
     file = os.path.join(path, shard.file)
     buf = _read_file(file, shard.size)
-    _check_bytes(buf, shard, file)
+    check_shard_bytes(buf, shard, file)
     flat = torch.from_numpy(buf)
     tensors = {}
     for t in shard.tensors:
@@ -176,7 +177,7 @@ def verify(path: str) -> Manifest:
     manifest = read_manifest(path)
     for shard in manifest.shards:
         file = os.path.join(path, shard.file)
-        _check_bytes(_read_file(file, shard.size), shard, file)
+        check_shard_bytes(_read_file(file, shard.size), shard, file)
     return manifest
 
 
