@@ -33,7 +33,7 @@ from carina.security.faults.timing import OperatingPoint, TimingConfig, bit_erro
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["run_batched"]
+__all__ = ["count_rows", "run_batched"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,14 @@ def _group(cfg: SweepConfig, timing: TimingConfig, plans: dict[str, Any]) -> tup
 def _seeds(thr: Sequence[int], seeds: int) -> range:
     """Seeds that need a run: one when no bit is random."""
     return range(1) if all(t in (0, ONE) for t in thr) else range(seeds)
+
+
+def count_rows(cfg: SweepConfig, macs: Sequence[int], images: int, timing: TimingConfig | None = None) -> int:
+    """Rows (point x seed x image) :func:`run_batched` would run for ``cfg`` on ``images`` images, without running."""
+    timing = timing or TimingConfig()
+    plans = {w: plan_window(Window.parse(w), macs, timing.frame_ms) for w in cfg.windows}
+    _, groups = _group(cfg, timing, plans)
+    return sum(len(_seeds(thr, cfg.seeds)) for _, thr in groups) * images
 
 
 def run_batched(
