@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from carina.security.faults.campaign import Point, SweepConfig, SweepResult, score_point
 from carina.security.faults.defenses import Detectors, overheads
 from carina.security.faults.inject import ONE, Window, apply_flip_rows, plan_window, thresholds
 from carina.security.faults.skynet import SkyNet, Stage, decode_boxes
+from carina.security.faults.sweep import Point, SweepConfig, SweepResult, score_point
 from carina.security.faults.timing import OperatingPoint, TimingConfig, bit_error_probabilities
 
 if TYPE_CHECKING:
