@@ -89,3 +89,42 @@ def test_rows_are_independent_of_their_batch() -> None:
         assert torch.equal(alone[0], together[r])
     assert torch.equal(together[1], acc[1])  # zero thresholds: untouched
     assert not torch.equal(together[0, :2500], acc[0, :2500]) and torch.equal(together[0, 2500:], acc[0, 2500:])
+
+
+def test_table_masks_equal_one_comparison_per_bit(monkeypatch) -> None:
+    # The searchsorted table lookup gives the masks of the plain rule "bit b flips where draw < t_b".
+    from carina.security.faults import inject
+    from carina.security.faults.inject import draw_key
+
+    thr = [(0, ONE, 5 << 28, 5 << 28, 1 << 30, 3, ONE - 1, 0, 7 << 29, 1 << 31, 0, ONE),
+           (0,) * 11 + (ONE,), (9 << 27,) * 12, (0,) * 12]  # fmt: skip
+    rows = [(0, 1), (1, 1), (2, 3), (0, 4)]
+    n, layer = 4099, 6
+    got = flip_masks(n, layer, thr, rows, "cpu")
+    assert got is not None
+    base = mix32(torch.arange(n, dtype=torch.int64))
+    for r, (ts, (s, i)) in enumerate(zip(thr, rows, strict=True)):
+        draw = mix32(base ^ draw_key(s, i, layer, -1))
+        want = sum(((draw < t).to(torch.int32) << b) for b, t in enumerate(ts))
+        assert torch.equal(got[r], want)
+    # applied in blocks of columns (as on the CPU) or all at once: the same bits
+    acc = torch.randn(4, n, generator=torch.Generator().manual_seed(1)).div(3)
+    whole = apply_flip_rows(acc, layer, 0.8, thr, rows)
+    monkeypatch.setattr(inject, "_BLOCK", 4 * 97)
+    assert torch.equal(apply_flip_rows(acc, layer, 0.8, thr, rows), whole)
+    assert not torch.equal(whole, acc)
+
+
+def test_blocked_float32_sums_equal_float64(stages) -> None:
+    # dw6.pw (1280 inputs) and its ABFT checksum sum in float32 channel blocks: exact, as in float64.
+    from carina.security.faults.fixedpoint import FEATURE, WEIGHT
+    from carina.security.faults.skynet import blocked_matmul, conv, exact_blocks
+
+    w = WEIGHT.quantize(stages[11].weight)
+    x = FEATURE.quantize(torch.rand(2, 1280, 4, 5, generator=torch.Generator().manual_seed(2)) * 12 - 6)
+    x[:, :, 0, 0] = FEATURE.min  # the bound's worst case in one position
+    for wt in (w, w.sum(0, keepdim=True)):
+        blocks = exact_blocks(wt)
+        assert blocks is not None and len(blocks) > 1 and blocks[-1][1] == 1280
+        assert torch.equal(blocked_matmul(x.float(), wt.float(), blocks).double(), conv(x.double(), wt.double()))
+    assert exact_blocks(w[:, :1] * 2**20) is None  # one channel alone over the bound

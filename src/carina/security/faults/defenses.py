@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from carina.security.faults.fixedpoint import ACCUMULATOR
-from carina.security.faults.skynet import Numeric, SkyNet, conv
+from carina.security.faults.skynet import Numeric, SkyNet, blocked_matmul, conv, exact_blocks
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +42,7 @@ class Detectors:
     margin: float = 0.05
     bounds: dict[int, tuple[float, float]] = field(default_factory=dict)
     flags: dict[str, Any] = field(default_factory=dict)
+    _exact: dict[int, Any] = field(default_factory=dict, repr=False)
 
     def profile(self, x: torch.Tensor) -> None:
         """Record each stage's accumulator range on fault-free inputs ``x``."""
@@ -80,6 +81,18 @@ class Detectors:
 
         return {i: hook for i in range(len(self.model.stages))}
 
+    def _blocks(self, i: int, wsum: torch.Tensor, x: torch.Tensor) -> list[tuple[int, int]] | None:
+        """Exact float32 channel blocks of stage ``i``'s checksum (fixed point in float32 only)."""
+        import torch
+
+        fixed32 = self.model.numeric is Numeric.FIXED and x.dtype == torch.float32
+        # a float32 channel sum of <= 2**12 accumulators of 12 bits stays below 2**24 steps
+        if not fixed32 or self.model.stages[i].weight.shape[0] > 1 << 12:
+            return None
+        if i not in self._exact:
+            self._exact[i] = exact_blocks(wsum)
+        return self._exact[i]
+
     def _check_range(self, i: int, acc: torch.Tensor) -> None:
         lo, hi = self.bounds[i]
         pad = self.margin * (hi - lo)
@@ -88,10 +101,18 @@ class Detectors:
         self.flags["range"] |= bad
 
     def _check_abft(self, i: int, acc: torch.Tensor, x: torch.Tensor) -> None:
-        # float64: exact for fixed-point values, so the flags are the same on every device.
+        # Exact for fixed-point values, so the flags are the same on every device: float64, or
+        # float32 where that is provably exact (channel sums of 12-bit accumulators; checksum
+        # products over channel blocks from exact_blocks, summed in float64).
         w = self.model._w[i].double()
-        expected = conv(x.double(), w.sum(0, keepdim=True))
-        observed = acc.double().sum(1, keepdim=True)
+        wsum = w.sum(0, keepdim=True)
+        blocks = self._blocks(i, wsum, x)
+        if blocks is not None:
+            expected = blocked_matmul(x, wsum.to(x.dtype), blocks).double()
+            observed = acc.sum(1, keepdim=True).double()
+        else:
+            expected = conv(x.double(), wsum)
+            observed = acc.double().sum(1, keepdim=True)
         cout = w.shape[0]
         if self.model.numeric is Numeric.FIXED:  # each output rounded by at most half a step
             tol = cout * ACCUMULATOR.step / 2 + 1e-6 * cout

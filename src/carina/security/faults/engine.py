@@ -24,16 +24,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from carina.security.faults.campaign import Point, SweepConfig, SweepResult, score_point
 from carina.security.faults.defenses import Detectors, overheads
 from carina.security.faults.inject import ONE, Window, apply_flip_rows, plan_window, thresholds
 from carina.security.faults.skynet import SkyNet, Stage, decode_boxes
+from carina.security.faults.sweep import Point, SweepConfig, SweepResult, score_point
 from carina.security.faults.timing import OperatingPoint, TimingConfig, bit_error_probabilities
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["run_batched"]
+__all__ = ["count_rows", "run_batched"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,14 @@ def _group(cfg: SweepConfig, timing: TimingConfig, plans: dict[str, Any]) -> tup
 def _seeds(thr: Sequence[int], seeds: int) -> range:
     """Seeds that need a run: one when no bit is random."""
     return range(1) if all(t in (0, ONE) for t in thr) else range(seeds)
+
+
+def count_rows(cfg: SweepConfig, macs: Sequence[int], images: int, timing: TimingConfig | None = None) -> int:
+    """Rows (point x seed x image) :func:`run_batched` would run for ``cfg`` on ``images`` images, without running."""
+    timing = timing or TimingConfig()
+    plans = {w: plan_window(Window.parse(w), macs, timing.frame_ms) for w in cfg.windows}
+    _, groups = _group(cfg, timing, plans)
+    return sum(len(_seeds(thr, cfg.seeds)) for _, thr in groups) * images
 
 
 def run_batched(

@@ -118,12 +118,20 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
     Multipliers stay below 2**31, so no product overflows int64: the same bits on any device.
     """
-    x = x ^ (x >> 15)  # a new tensor; the rest works in place
+    import torch
+
+    return _mix32_(x.clone(), torch.empty_like(x))
+
+
+def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
+    """:func:`mix32` in place, ``tmp`` (same shape) as scratch."""
+    import torch
+
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 15, out=tmp))
     x.mul_(0x2C1B3C6D).bitwise_and_(_M32)
-    x ^= x >> 12
+    x.bitwise_xor_(torch.bitwise_right_shift(x, 12, out=tmp))
     x.mul_(0x297A2D39).bitwise_and_(_M32)
-    x ^= x >> 15
-    return x
+    return x.bitwise_xor_(torch.bitwise_right_shift(x, 15, out=tmp))
 
 
 def flip_masks(
@@ -145,27 +153,76 @@ def flip_masks(
     Returns:
         The masks, or None when no bit of any row can flip.
     """
+    if not any(any(t) for t in thr):
+        return None
+    if not shared:
+        return _independent_masks(n, layer, thr, rows, device)
+    return _shared_masks(0, n, layer, thr, rows, device).expand(len(thr), n).contiguous()
+
+
+def _shared_masks(
+    lo: int, hi: int, layer: int, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]], device: Any
+) -> Any:
+    """Masks (B, hi - lo) of outputs ``lo..hi`` with one draw per output ((B, 1) when no bit is random).
+
+    Bit b flips where draw < t_b. Over a row's random thresholds sorted (s_0 <= s_1 <= ...),
+    with idx = #{j: s_j <= draw} and L_b = #{j: s_j < t_b}, draw < t_b <=> idx <= L_b; so the
+    mask is a table lookup by idx: the same masks as one comparison per bit, in fewer passes.
+    """
     import torch
 
-    bits = len(thr[0])
-    xor: torch.Tensor | None = None
-    base: torch.Tensor | None = None
-    draw: torch.Tensor | None = None
-    for b in range(bits):
+    bounds, tables = zip(*(_table(tuple(ts)) for ts in thr), strict=True)
+    k = max(len(x) for x in bounds)
+    if k == 0:  # no bit is random: no draws
+        return torch.tensor([[t[0]] for t in tables], dtype=torch.int32, device=device)
+    pad = [x + (ONE,) * (k - len(x)) for x in bounds]  # ONE is never <= a draw
+    tab = [t + (t[-1],) * (k - len(x)) for t, x in zip(tables, bounds, strict=True)]
+    keys = torch.tensor([[draw_key(s, i, layer, -1)] for s, i in rows], dtype=torch.int64, device=device)
+    draw = _base(hi, device)[:, lo:hi] ^ keys
+    _mix32_(draw, torch.empty_like(draw))
+    idx = torch.searchsorted(torch.tensor(pad, dtype=torch.int64, device=device), draw, right=True)
+    return torch.tensor(tab, dtype=torch.int32, device=device).gather(1, idx)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _table(thr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A row's sorted random thresholds (0 < t < ONE), and its mask for each count of them at or below a draw."""
+    bounds = tuple(sorted(t for t in thr if 0 < t < ONE))
+    certain = sum(1 << b for b, t in enumerate(thr) if t == ONE)
+    below = {b: sum(1 for s in bounds if s < t) for b, t in enumerate(thr) if 0 < t < ONE}  # L_b
+    table = tuple(certain | sum(1 << b for b, lb in below.items() if c <= lb) for c in range(len(bounds) + 1))
+    return bounds, table
+
+
+_BASES: dict[str, Any] = {}
+
+
+def _base(n: int, device: Any) -> Any:
+    """``mix32(arange(m))[None, :]`` for some m >= n, cached per device (read-only; slice it)."""
+    import torch
+
+    key = str(device)
+    if key not in _BASES or _BASES[key].shape[1] < n:
+        _BASES[key] = mix32(torch.arange(n, dtype=torch.int64, device=device))[None, :]
+    return _BASES[key]
+
+
+def _independent_masks(
+    n: int, layer: int, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]], device: Any
+) -> Any:
+    """One draw per bit (``shared=False``): a comparison per random bit."""
+    import torch
+
+    xor = torch.zeros((len(thr), n), dtype=torch.int32, device=device)
+    for b in range(len(thr[0])):
         col = [t[b] for t in thr]
         if not any(col):
             continue
-        if xor is None:
-            xor = torch.zeros((len(thr), n), dtype=torch.int32, device=device)
         if all(t == ONE for t in col):
             xor |= 1 << b
             continue
-        if base is None:
-            base = mix32(torch.arange(n, dtype=torch.int64, device=device))[None, :]
-        if draw is None or not shared:
-            stream = -1 if shared else b
-            keys = [[draw_key(s, i, layer, stream)] for s, i in rows]
-            draw = mix32(base ^ torch.tensor(keys, dtype=torch.int64, device=device))
+        keys = [[draw_key(s, i, layer, b)] for s, i in rows]
+        draw = mix32(_base(n, device)[:, :n] ^ torch.tensor(keys, dtype=torch.int64, device=device))
         limit = torch.tensor([[t] for t in col], dtype=torch.int64, device=device)
         xor |= (draw < limit).to(torch.int32) << b
     return xor
@@ -182,22 +239,37 @@ def apply_flip_rows(
     Values need not already be quantized: the flip adds the code difference times the step,
     so float models get the same error as the fixed-point one.
     """
-    import torch
-
     if fraction <= 0 or not any(any(t) for t in thr):
         return acc
     flat = acc.reshape(acc.shape[0], -1)
     n = round(flat.shape[1] * fraction)
-    xor = flip_masks(n, layer, thr, rows, acc.device, shared=shared) if n else None
-    if xor is None:
+    if not n:
         return acc
-    width, half = 1 << fmt.bits, 1 << (fmt.bits - 1)
-    codes = fmt.codes(flat[:, :n]).to(torch.int32)
-    flipped = (codes & (width - 1)) ^ xor
-    flipped -= (flipped >= half).to(torch.int32) * width  # back to two's complement
     out = flat.clone()
-    out[:, :n] += (flipped - codes).to(flat.dtype) * fmt.step
+    if not shared:
+        _flip_block(out[:, :n], flat[:, :n], _independent_masks(n, layer, thr, rows, acc.device), fmt)
+        return out.view_as(acc)
+    # On CPU, blocks of columns keep the temporaries small (in cache, no fresh pages).
+    step = max(1, _BLOCK // flat.shape[0]) if acc.device.type == "cpu" else n
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        _flip_block(out[:, lo:hi], flat[:, lo:hi], _shared_masks(lo, hi, layer, thr, rows, acc.device), fmt)
     return out.view_as(acc)
+
+
+_BLOCK = 1 << 22  # elements of a block of outputs flipped at once
+
+
+def _flip_block(out: torch.Tensor, src: torch.Tensor, xor: torch.Tensor, fmt: FixedType) -> None:
+    """``out += (flipped code - code) * step`` for values ``src`` and XOR masks ``xor`` (broadcastable)."""
+    import torch
+
+    width, half = 1 << fmt.bits, 1 << (fmt.bits - 1)
+    q = src * (1 << fmt.frac_bits)
+    codes = q.add_(0.5).floor_().clamp_(fmt.qmin, fmt.qmax).to(torch.int32)  # fmt.codes, fewer passes
+    # Flipped code minus old code: ((c ^ xor) + half) mod width - half sign-extends the low bits.
+    delta = codes.bitwise_xor(xor).add_(half).bitwise_and_(width - 1).sub_(half).sub_(codes)
+    out += delta.to(out.dtype).mul_(fmt.step)
 
 
 def apply_flips(

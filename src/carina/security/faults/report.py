@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from carina.security.faults.campaign import SweepConfig, SweepResult
 from carina.security.faults.metrics import summarize
+from carina.security.faults.sweep import SweepConfig, SweepResult
 
 __all__ = ["heatmap", "to_json"]
 

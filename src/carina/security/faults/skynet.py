@@ -155,7 +155,10 @@ class SkyNet:
         # In fixed mode every product is a multiple of 2**-13; a sum whose partial sums
         # stay below 2**24 of those steps is exact in float32 (so independent of summation
         # order, device and batch). Stages that could exceed that bound sum in float64.
+        # Stages that could exceed that bound sum in float64, or, for 1x1 stages, as float32
+        # sums over input-channel blocks each below the bound (exact), added in float64.
         self._wide = [fixed and self.dtype == torch.float32 and _bound(w) >= 2**24 for w in wt]
+        self._split = [exact_blocks(w) if wide else None for w, wide in zip(wt, self._wide, strict=True)]
 
     def to(self, device: Any) -> SkyNet:
         """Move the weights to ``device`` (in place); returns self."""
@@ -188,7 +191,6 @@ class SkyNet:
             The raw output (B, 10, 20, 40) and ``{stage: state}`` for each kept stage.
         """
         import torch
-        import torch.nn.functional as F
 
         p1 = None
         if state is not None:
@@ -205,18 +207,22 @@ class SkyNet:
             s = self.stages[i]
             if s.name == "dw4.dw":
                 p1 = cur
-                cur = F.max_pool2d(cur, 2)
+                cur = _pool2(cur)
             if s.name == "dw6.dw":
                 cur = torch.cat([reorg(p1), cur], 1)  # type: ignore[arg-type]
             cur = self._stage(i, cur)
             if s.pool_after and s.name != "dw3.pw":
-                cur = F.max_pool2d(cur, 2)
+                cur = _pool2(cur)
         return cur, kept
 
     def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
         s = self.stages[i]
         w = self._w[i]
-        acc = conv(x.double(), w.double()) if self._wide[i] else conv(x, w)
+        split = self._split[i]
+        if split is not None:
+            acc = blocked_matmul(x, w, split)
+        else:
+            acc = conv(x.double(), w.double()) if self._wide[i] else conv(x, w)
         if self.numeric is Numeric.FIXED:
             acc = ACCUMULATOR.quantize(acc).to(self.dtype)
         if i in self.hooks:
@@ -236,6 +242,55 @@ def _bound(w: torch.Tensor) -> float:
     """Largest sum of |weight codes| x |feature code| of any output, in units of 2**-13."""
     codes = WEIGHT.codes(w).abs().reshape(w.shape[0], -1).sum(1)
     return float(codes.max()) * abs(FEATURE.qmin)
+
+
+def _pool2(x: torch.Tensor) -> torch.Tensor:
+    """2x2 max pool, stride 2 (a max is exact: the same values as ``F.max_pool2d``, without indices)."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h // 2, 2, w // 2, 2).amax((3, 5))
+
+
+def exact_blocks(w: torch.Tensor, limit: float = 2.0**24) -> list[tuple[int, int]] | None:
+    """Input-channel blocks of a 1x1 fixed-point weight ``w`` whose sums are exact in float32.
+
+    A block is exact when, for every output, the sum over its channels of |weight code| x
+    the largest feature code stays below ``limit`` steps of 2**-13 (see :func:`_bound`).
+    ``w`` may be a sum of weights (integer codes of any size). None when ``w`` is not 1x1
+    or one channel alone exceeds the bound.
+    """
+    if tuple(w.shape[2:]) != (1, 1):
+        return None
+    cost = (w.double().reshape(w.shape[0], -1) * (1 << WEIGHT.frac_bits)).abs() * abs(FEATURE.qmin)
+    blocks, lo, run = [], 0, cost[:, 0] * 0
+    for c in range(cost.shape[1]):
+        if float((run + cost[:, c]).max()) >= limit:
+            if c == lo:
+                return None
+            blocks.append((lo, c))
+            lo, run = c, cost[:, c] * 0
+        run = run + cost[:, c]
+    if float(run.max()) >= limit:
+        return None
+    return [*blocks, (lo, cost.shape[1])]
+
+
+def blocked_matmul(x: torch.Tensor, w: torch.Tensor, blocks: list[tuple[int, int]]) -> torch.Tensor:
+    """A 1x1 convolution as float32 products over channel ``blocks``, summed in float64 (one block: float32).
+
+    Exact (hence the same bits as a float64 product) when ``blocks`` come from :func:`exact_blocks`.
+    """
+    import torch
+
+    b, c, h, wd = x.shape
+    cout = w.shape[0]
+    xs, ws = x.reshape(b, c, h * wd), w.reshape(cout, c)
+    parts = [torch.matmul(ws[:, lo:hi].contiguous(), xs[:, lo:hi]) for lo, hi in blocks]
+    if len(parts) == 1:
+        return parts[0].view(b, cout, h, wd)
+    acc = parts[0].double()
+    for part in parts[1:]:
+        acc += part
+    return acc.view(b, cout, h, wd)
 
 
 def conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
