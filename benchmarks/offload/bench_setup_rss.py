@@ -1,6 +1,6 @@
 """Host RAM before the planned steps (wrap + profiling) on the CPU, with and without the swap allowance.
 
-Runs ``tests/offload/setup_rss_probe.py`` in fresh processes on a 114M-parameter Llama (478 MB of
+Runs ``tests/offload/setup_rss_probe.py`` in fresh processes on a 120M-parameter Llama (478 MB of
 float32 weights): ``profile_host_fraction=10`` swaps every block while profiling (carina's behaviour
 before the allowance), the default (0.1) swaps within 10% of the parameters' and optimizer state's
 host bytes and profiles the other blocks under recompute. Writes
