@@ -69,6 +69,29 @@ class ActivationManager:
         self._blocks: dict[int, _BlockActs] = defaultdict(_BlockActs)
         self.other_bytes = 0
         self._other_seen: dict[tuple[Any, ...], torch.Tensor] = {}
+        self.swap_allowance: int | None = None  # host bytes profiling may swap (None: no limit)
+        self._measured: dict[tuple[Any, ...], int] = {}  # saved bytes per kind of block, while profiling
+
+    def _twin(self, block: int) -> tuple[Any, ...]:
+        group = self.rt.blocks[block]
+        return (type(group.module), tuple(tuple(p.shape) for p in group.params))
+
+    def profile_action(self, block: int) -> None:
+        """While profiling under swap, pick ``block``'s action: swap while the host allowance lasts.
+
+        A block whose twin was measured and whose swap would overrun :attr:`swap_allowance`
+        runs under recompute (nothing reaches host RAM) and takes the twin's activation bytes;
+        a block of a kind not yet measured is always swapped, so every kind is measured once.
+        """
+        rt = self.rt
+        seen = self._measured.get(self._twin(block))
+        live = sum(acts.host_bytes for acts in self._blocks.values())
+        if seen is None or self.swap_allowance is None or live + seen <= self.swap_allowance:
+            rt.actions[block] = Action.SWAP
+            return
+        rt.actions[block] = Action.RECOMPUTE
+        group = rt.blocks[block]
+        group.act_bytes = max(group.act_bytes, seen)
 
     def begin_forward(self) -> None:
         """Start intercepting saved tensors (called when the model's forward starts)."""
@@ -143,8 +166,13 @@ class ActivationManager:
 
     def end_block(self, block: int) -> None:
         """Block ``block``'s forward is over: stop deduplicating (and holding) its saved tensors."""
-        if block in self._blocks:
-            self._blocks[block].seen.clear()
+        if block not in self._blocks:
+            return
+        acts = self._blocks[block]
+        acts.seen.clear()
+        if self.rt.profiling and self.rt.in_forward and self.rt.actions[block] is Action.SWAP:
+            twin = self._twin(block)
+            self._measured[twin] = max(self._measured.get(twin, 0), acts.saved_bytes)
 
     def prefetch(self, block: int) -> None:
         """Start bringing block ``block``'s swapped activations back to the device."""

@@ -148,11 +148,20 @@ def wrap(
         device=str(device),
     )
     runtime = OffloadRuntime(model, find_blocks(model, cfg.blocks), cfg, store, _DTYPES.get(cfg.compute_dtype))
+    runtime.acts.swap_allowance = _profile_allowance(cfg, static.host_bytes)
     opt = OffloadOptimizer(optimizer, runtime, budgets)
     opt.spill = {i for i, b in enumerate(static.blocks) if b.state_on_nvme}
     _HANDLES[model] = OffloadHandle(runtime, opt)
     _install_state_hooks(model, runtime)
     return model, opt
+
+
+def _profile_allowance(cfg: OffloadConfig, host_need: int) -> int:
+    """Host bytes the profiling steps may swap activations into (beside parameters and optimizer state)."""
+    allowance = int(cfg.profile_host_fraction * host_need)
+    if cfg.host_budget is not None:
+        allowance = min(allowance, max(0, cfg.host_budget - host_need))
+    return allowance
 
 
 def _set_up_allocator(cfg: OffloadConfig) -> None:

@@ -68,6 +68,11 @@ class OffloadConfig(Config):
         prefetch_depth: Blocks whose parameters are fetched ahead of use (>= 1).
         profile_steps: Optimizer steps run under the conservative plan while profiling (times
             come from the last one; the first pays warm-up).
+        profile_host_fraction: Host RAM the profiling steps may fill with swapped activations,
+            as a fraction of the host bytes of parameters and optimizer state (and never more
+            than ``host_budget`` leaves). Once it is spent, a block whose twin (same class and
+            parameter shapes) was already measured runs under recompute and takes the twin's
+            activation bytes; the first block of each kind is always measured.
         compute_dtype: Parameter dtype on the device; masters and optimizer state are float32.
         max_grad_norm: Global-norm clipping over all (offloaded) gradients; None = off.
         grad_accumulation: Backward passes per optimizer step (the last one may overlap the update).
@@ -104,6 +109,7 @@ class OffloadConfig(Config):
     activations: ActivationPolicy = ActivationPolicy.PLAN
     prefetch_depth: int = 1
     profile_steps: int = 2
+    profile_host_fraction: float = 0.1
     compute_dtype: ComputeDtype = ComputeDtype.AUTO
     max_grad_norm: float | None = None
     grad_accumulation: int = 1
@@ -132,6 +138,11 @@ class OffloadConfig(Config):
         require(self.nvme_budget == 0 or self.nvme_path is not None, "nvme_budget needs nvme_path", key="nvme_path")
         require(1 <= self.prefetch_depth <= 8, "prefetch_depth must be in 1..8", key="prefetch_depth")
         require(self.profile_steps >= 1, "profile_steps must be >= 1", key="profile_steps")
+        require(
+            0.0 <= self.profile_host_fraction <= 10.0,
+            "profile_host_fraction must be in [0, 10]",
+            key="profile_host_fraction",
+        )
         require(self.grad_accumulation >= 1, "grad_accumulation must be >= 1", key="grad_accumulation")
         require(self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm must be > 0", key="max_grad_norm")
         require(

@@ -68,8 +68,8 @@ class OffloadRuntime:
         self.storage_owner: dict[int, ParamGroup] = {}
         self._register_storage(self.rest)
         # While profiling, activations go to host RAM when device memory is the constraint.
-        tight = cfg.device_budget is not None or self.device.type == "cuda"
-        self.actions = [Action.SWAP if tight else Action.KEEP] * len(self.blocks)
+        self.profile_swaps = cfg.device_budget is not None or self.device.type == "cuda"
+        self.actions = [Action.SWAP if self.profile_swaps else Action.KEEP] * len(self.blocks)
         self.acts = ActivationManager(self)
         self.current: int | None = None
         self.in_forward = False
@@ -135,6 +135,8 @@ class OffloadRuntime:
         self.current = i
         if self.in_forward:
             self._sync_if_profiling()
+            if self.profiling and self.profile_swaps:
+                self.acts.profile_action(i)  # swap within the host allowance, else recompute
             self.blocks[i].fwd_s -= time.perf_counter()
             self.ensure(self.blocks[i])
             for j in range(i + 1, min(len(self.blocks), i + 1 + self.cfg.prefetch_depth)):
