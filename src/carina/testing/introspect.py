@@ -226,28 +226,34 @@ def _lvm_crc(data: bytes) -> int:
     return ~zlib.crc32(data, ~0xF597A6CF & 0xFFFFFFFF) & 0xFFFFFFFF
 
 
-def _lvm(fs: Path, out: Path) -> Path:
-    """A one-PV volume group ``vg0`` with one linear LV ``root`` holding ``fs``."""
+def lvm_pv(lvs: list[tuple[str, Path]], out: Path, device: str = "/dev/sda") -> Path:
+    """One LVM2 physical volume, volume group ``vg0``, one linear LV per ``(name, filesystem image)``."""
     extent, pe_start, mda = 4 * MiB, 1 * MiB, 4096
-    extents = -(-fs.stat().st_size // extent)
-    dev_size = pe_start + extents * extent
+    sizes = [-(-fs.stat().st_size // extent) for _, fs in lvs]
+    dev_size = pe_start + sum(sizes) * extent
     pv_id = uuid.uuid4().hex[:32]
-    vg_id, lv_id = uuid.uuid4().hex[:32], uuid.uuid4().hex[:32]
+    blocks, start = [], 0
+    for (name, _), count in zip(lvs, sizes, strict=True):
+        blocks.append(
+            f'{name} {{\nid = "{uuid.uuid4().hex[:32]}"\nstatus = ["READ", "WRITE", "VISIBLE"]\nflags = []\n'
+            f"segment_count = 1\nsegment1 {{\nstart_extent = 0\nextent_count = {count}\n"
+            f'type = "striped"\nstripe_count = 1\nstripes = [\n"pv0", {start}\n]\n}}\n}}\n'
+        )
+        start += count
     text = (
-        f'vg0 {{\nid = "{vg_id}"\nseqno = 1\nformat = "lvm2"\nstatus = ["RESIZEABLE", "READ", "WRITE"]\n'
-        f"flags = []\nextent_size = {extent // 512}\nmax_lv = 0\nmax_pv = 0\nmetadata_copies = 0\n"
-        f'physical_volumes {{\npv0 {{\nid = "{pv_id}"\ndevice = "/dev/sda"\nstatus = ["ALLOCATABLE"]\n'
-        f"flags = []\ndev_size = {dev_size // 512}\npe_start = {pe_start // 512}\npe_count = {extents}\n}}\n}}\n"
-        f'logical_volumes {{\nroot {{\nid = "{lv_id}"\nstatus = ["READ", "WRITE", "VISIBLE"]\nflags = []\n'
-        f"segment_count = 1\nsegment1 {{\nstart_extent = 0\nextent_count = {extents}\n"
-        f'type = "striped"\nstripe_count = 1\nstripes = [\n"pv0", 0\n]\n}}\n}}\n}}\n}}\n'
+        f'vg0 {{\nid = "{uuid.uuid4().hex[:32]}"\nseqno = 1\nformat = "lvm2"\n'
+        f'status = ["RESIZEABLE", "READ", "WRITE"]\nflags = []\nextent_size = {extent // 512}\n'
+        "max_lv = 0\nmax_pv = 0\nmetadata_copies = 0\n"
+        f'physical_volumes {{\npv0 {{\nid = "{pv_id}"\ndevice = "{device}"\nstatus = ["ALLOCATABLE"]\n'
+        f"flags = []\ndev_size = {dev_size // 512}\npe_start = {pe_start // 512}\npe_count = {sum(sizes)}\n}}\n}}\n"
+        f"logical_volumes {{\n{''.join(blocks)}}}\n}}\n"
         'contents = "Text Format Volume Group"\nversion = 1\n'
     )
     meta = text.encode() + b"\0"
     label = bytearray(512)
     pv_header = pv_id.encode() + dev_size.to_bytes(8, "little")
-    pv_header += pe_start.to_bytes(8, "little") + (0).to_bytes(8, "little") + bytes(16)  # data area, end
-    pv_header += mda.to_bytes(8, "little") + (pe_start - mda).to_bytes(8, "little") + bytes(16)  # mda, end
+    pv_header += pe_start.to_bytes(8, "little") + bytes(8) + bytes(16)
+    pv_header += mda.to_bytes(8, "little") + (pe_start - mda).to_bytes(8, "little") + bytes(16)
     label[0:8], label[8:16], label[20:24], label[24:32] = (
         b"LABELONE",
         (1).to_bytes(8, "little"),
@@ -265,16 +271,21 @@ def _lvm(fs: Path, out: Path) -> Path:
     hdr[0:4] = _lvm_crc(bytes(hdr[4:])).to_bytes(4, "little")
     with out.open("wb") as fh:
         fh.truncate(dev_size)
-        fh.seek(512)
-        fh.write(label)
-        fh.seek(mda)
-        fh.write(hdr)
-        fh.seek(mda + 512)
-        fh.write(meta)
-        fh.seek(pe_start)
-        with fs.open("rb") as src:
-            shutil.copyfileobj(src, fh, 4 * MiB)
+        for offset, data in ((512, label), (mda, hdr), (mda + 512, meta)):
+            fh.seek(offset)
+            fh.write(data)
+        at = pe_start
+        for (_, fs), count in zip(lvs, sizes, strict=True):
+            fh.seek(at)
+            with fs.open("rb") as src:
+                shutil.copyfileobj(src, fh, 4 * MiB)
+            at += count * extent
     return out
+
+
+def _lvm(fs: Path, out: Path) -> Path:
+    """A one-PV volume group ``vg0`` with one linear LV ``root`` holding ``fs``."""
+    return lvm_pv([("root", fs)], out)
 
 
 def build_image(

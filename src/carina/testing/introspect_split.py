@@ -17,7 +17,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from carina.testing.introspect import MiB, _ext4, _lvm_crc, _run, _tree_bytes, _xfs
+from carina.testing.introspect import MiB, _ext4, _run, _tree_bytes, _xfs, lvm_pv
 
 __all__ = ["USR_UUID", "build_split_image", "fstab_text", "usrmerge"]
 
@@ -65,63 +65,6 @@ def _split(root: Path, work: Path) -> dict[str, Path]:
             stage.mkdir()
         inside.mkdir()
     return parts
-
-
-def _lvm_pv(lvs: list[tuple[str, Path]], out: Path) -> Path:
-    """One LVM2 physical volume, volume group ``vg0``, one linear LV per ``(name, filesystem image)``."""
-    extent, pe_start, mda = 4 * MiB, 1 * MiB, 4096
-    sizes = [-(-fs.stat().st_size // extent) for _, fs in lvs]
-    dev_size = pe_start + sum(sizes) * extent
-    pv_id = uuid.uuid4().hex[:32]
-    blocks, start = [], 0
-    for (name, _), count in zip(lvs, sizes, strict=True):
-        blocks.append(
-            f'{name} {{\nid = "{uuid.uuid4().hex[:32]}"\nstatus = ["READ", "WRITE", "VISIBLE"]\nflags = []\n'
-            f"segment_count = 1\nsegment1 {{\nstart_extent = 0\nextent_count = {count}\n"
-            f'type = "striped"\nstripe_count = 1\nstripes = [\n"pv0", {start}\n]\n}}\n}}\n'
-        )
-        start += count
-    text = (
-        f'vg0 {{\nid = "{uuid.uuid4().hex[:32]}"\nseqno = 1\nformat = "lvm2"\n'
-        f'status = ["RESIZEABLE", "READ", "WRITE"]\nflags = []\nextent_size = {extent // 512}\n'
-        "max_lv = 0\nmax_pv = 0\nmetadata_copies = 0\n"
-        f'physical_volumes {{\npv0 {{\nid = "{pv_id}"\ndevice = "/dev/sda3"\nstatus = ["ALLOCATABLE"]\n'
-        f"flags = []\ndev_size = {dev_size // 512}\npe_start = {pe_start // 512}\npe_count = {sum(sizes)}\n}}\n}}\n"
-        f"logical_volumes {{\n{''.join(blocks)}}}\n}}\n"
-        'contents = "Text Format Volume Group"\nversion = 1\n'
-    )
-    meta = text.encode() + b"\0"
-    label = bytearray(512)
-    pv_header = pv_id.encode() + dev_size.to_bytes(8, "little")
-    pv_header += pe_start.to_bytes(8, "little") + bytes(8) + bytes(16)
-    pv_header += mda.to_bytes(8, "little") + (pe_start - mda).to_bytes(8, "little") + bytes(16)
-    label[0:8], label[8:16], label[20:24], label[24:32] = (
-        b"LABELONE",
-        (1).to_bytes(8, "little"),
-        (32).to_bytes(4, "little"),
-        b"LVM2 001",
-    )
-    label[32 : 32 + len(pv_header)] = pv_header
-    label[16:20] = _lvm_crc(bytes(label[20:])).to_bytes(4, "little")
-    hdr = bytearray(512)
-    hdr[4:20] = b" LVM2 x[5A%r0N*>"
-    hdr[20:24] = (1).to_bytes(4, "little")
-    hdr[24:32], hdr[32:40] = mda.to_bytes(8, "little"), (pe_start - mda).to_bytes(8, "little")
-    hdr[40:48], hdr[48:56] = (512).to_bytes(8, "little"), len(meta).to_bytes(8, "little")
-    hdr[56:60] = _lvm_crc(meta).to_bytes(4, "little")
-    hdr[0:4] = _lvm_crc(bytes(hdr[4:])).to_bytes(4, "little")
-    with out.open("wb") as fh:
-        fh.truncate(dev_size)
-        for offset, data in ((512, label), (mda, hdr), (mda + 512, meta)):
-            fh.seek(offset)
-            fh.write(data)
-        at = pe_start
-        for (_, fs), count in zip(lvs, sizes, strict=True):
-            fh.seek(at)
-            with fs.open("rb") as src:
-                shutil.copyfileobj(src, fh, 4 * MiB)
-            at += count * extent
-    return out
 
 
 def _gpt_multi(parts: list[tuple[str, Path]], out: Path) -> Path:
@@ -175,7 +118,7 @@ def build_split_image(root: Path, out: Path, *, fmt: str = "qcow2", fstab: str |
         usr = _mkext4(parts["/usr"], work / "usr.ext4", "usr", USR_UUID)
         var = _xfs(parts["/var"], work / "var.xfs", 300)
         home = _mkext4(parts["/home"], work / "home.ext4", "home", str(uuid.uuid4()))
-        pv = _lvm_pv([("var", var), ("home", home)], work / "pv.lvm")
+        pv = lvm_pv([("var", var), ("home", home)], work / "pv.lvm", device="/dev/sda3")
         raw = _gpt_multi([("root", fs_root), ("usr", usr), ("lvm", pv)], out if fmt == "raw" else work / "disk.raw")
         if fmt == "qcow2":
             _run("qemu-img", "convert", "-f", "raw", "-O", "qcow2", str(raw), str(out))
