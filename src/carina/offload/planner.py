@@ -17,7 +17,9 @@ configuration that cannot fit raises :class:`CapacityError` saying what would.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from carina.core.errors import CapacityError
 from carina.memory.tiers import format_bytes
@@ -205,20 +207,25 @@ def _head_note(problem: _Problem, blocks: list[BlockPlan], floor: int) -> str:
     )
 
 
+def _greedy(problem: _Problem, blocks: list[BlockPlan], order: Iterable[int], **change: Any) -> list[BlockPlan]:
+    """Try ``change`` on each block in ``order``; keep every trial the problem accepts (fits and is no slower)."""
+    best = problem.step_time(blocks)
+    for i in order:
+        trial = [*blocks]
+        trial[i] = replace(blocks[i], **change)
+        got = problem.accept(trial, best)
+        if got is not None:
+            blocks, best = trial, got
+    return blocks
+
+
 def _improve_activations(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
     """Greedy: keep the activations with most recompute time per byte, then swap where it pays."""
-    best = problem.step_time(blocks)
     prof = problem.prof
     order = sorted(range(len(blocks)), key=lambda i: -prof.blocks[i].fwd_s / max(1, prof.blocks[i].act_bytes))
     for action in (Action.KEEP, Action.SWAP):
-        for i in order:
-            if blocks[i].activation is not Action.RECOMPUTE:
-                continue
-            trial = [*blocks]
-            trial[i] = replace(blocks[i], activation=action)
-            got = problem.accept(trial, best)
-            if got is not None:
-                blocks, best = trial, got
+        recomputed = [i for i in order if blocks[i].activation is Action.RECOMPUTE]
+        blocks = _greedy(problem, blocks, recomputed, activation=action)
     return blocks
 
 
@@ -232,23 +239,9 @@ def _improve_grad_accumulation(problem: _Problem, blocks: list[BlockPlan]) -> li
     """
     if problem.prof.micro_batches < 2:
         return blocks
-    best = problem.step_time(blocks)
-    for i in reversed(range(len(blocks))):
-        trial = [*blocks]
-        trial[i] = replace(blocks[i], grad_on_device=True)
-        got = problem.accept(trial, best)
-        if got is not None:
-            blocks, best = trial, got
-    return blocks
+    return _greedy(problem, blocks, reversed(range(len(blocks))), grad_on_device=True)
 
 
 def _improve_residency(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
     """Greedy: with the device memory left, keep blocks' parameters resident (no PCIe traffic)."""
-    best = problem.step_time(blocks)
-    for i in range(len(blocks)):
-        trial = [*blocks]
-        trial[i] = replace(blocks[i], resident=True)
-        got = problem.accept(trial, best)
-        if got is not None:
-            blocks, best = trial, got
-    return blocks
+    return _greedy(problem, blocks, range(len(blocks)), resident=True)

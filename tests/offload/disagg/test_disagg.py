@@ -3,35 +3,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from disagg_reference import reference
 
 from carina.errors import CapacityError, ConfigError
 from carina.offload.disagg import DisaggConfig, launch
 from carina.offload.disagg.control import WorkerDied
-from carina.offload.disagg.demo import lm_loss, synthetic_batch, tiny_llama
+from carina.offload.disagg.demo import lm_loss, synthetic_batch
 from carina.offload.disagg.layout import SharedLayout, assign_shards
 from carina.offload.disagg.server import make_optimizer
 from carina.testing.disagg import DIE_AT_STEP, DYING_WORKER, dying_batch, frozen_embedding_llama
 
 STEPS = 3
-
-
-def reference(workers: int, steps: int, cfg: DisaggConfig):
-    """Single process, the concatenated batch as `workers` micro-batches accumulated in order."""
-    torch.manual_seed(0)
-    model = tiny_llama()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, cfg)
-    losses = []
-    for k in range(steps):
-        total = 0.0
-        for r in range(workers):
-            loss = lm_loss(model, synthetic_batch(k, r, workers)) / workers
-            loss.backward()
-            total += float(loss.detach())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total)
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.mark.slow

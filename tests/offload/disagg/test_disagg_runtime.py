@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+from disagg_reference import reference
 
 import carina.offload as co
 from carina.errors import ConfigError
@@ -16,7 +17,7 @@ from carina.offload.disagg.backend import offload_worker
 from carina.offload.disagg.config import WorkerRuntime
 from carina.offload.disagg.demo import lm_loss, synthetic_batch, tiny_llama
 from carina.offload.disagg.job import _init_segment
-from carina.offload.disagg.server import ShardServer, make_optimizer
+from carina.offload.disagg.server import ShardServer
 from carina.offload.disagg.worker import PSLink
 
 STEPS = 4
@@ -24,23 +25,6 @@ STEPS = 4
 # this budget is under twice the parameters, so blocks must stream (as in tests/offload/test_bitwise.py).
 TIGHT = 1_300_000
 MODEL = functools.partial(tiny_llama, layers=4)
-
-
-def reference(workers: int, steps: int, cfg: DisaggConfig):
-    """One process, plain PyTorch: the global batch as ``workers`` micro-batches accumulated in order."""
-    model = MODEL()
-    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
-    losses = []
-    for k in range(steps):
-        total = 0.0
-        for r in range(workers):
-            loss = lm_loss(model, synthetic_batch(k, r, workers)) / workers
-            loss.backward()
-            total += float(loss.detach())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total)
-    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def _cfg(workers: int, shards: int, **kw) -> DisaggConfig:
@@ -83,7 +67,7 @@ def test_block_runtime_worker_streams_and_is_bitwise_in_process(tmp_path):
     assert handle.plan is not None and handle.plan.counts()["streamed"] > 0  # blocks really streamed
     assert handle.stats().peak["device"] <= TIGHT
     assert min(control.done_step(s) for s in range(2)) == STEPS
-    ref_losses, ref_params = reference(1, STEPS, cfg)
+    ref_losses, ref_params = reference(1, STEPS, cfg, layers=4)
     assert losses == ref_losses
     for server in servers:
         for slot, master in zip(server.slots, server.masters, strict=True):
@@ -99,7 +83,7 @@ def test_block_runtime_worker_streams_and_is_bitwise_in_process(tmp_path):
 def test_worker_processes_bitwise_equal_to_single_process(workers, shards, runtime):
     cfg = _cfg(workers, shards, runtime=runtime)
     result = launch(cfg, steps=STEPS, model_fn=MODEL)
-    ref_losses, ref_params = reference(workers, STEPS, cfg)
+    ref_losses, ref_params = reference(workers, STEPS, cfg, layers=4)
     assert result.steps_done == STEPS
     assert result.losses == ref_losses
     for name, value in ref_params.items():

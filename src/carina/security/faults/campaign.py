@@ -32,21 +32,10 @@ def _faults(plan: list[tuple[int, float]], probs: list[float]) -> list[LayerFaul
     return [LayerFault(layer, frac, tuple(probs)) for layer, frac in plan]
 
 
-def run_sweep(
-    stages: list[Stage],
-    images: torch.Tensor,
-    cfg: SweepConfig,
-    timing: TimingConfig | None = None,
-    *,
-    on_point: Callable[[Point], None] | None = None,
-    on_pass: Callable[[int, int], None] | None = None,
-) -> SweepResult:
-    """Run the campaign described by ``cfg`` on ``images`` (B, 3, 160, 320), batched, on ``cfg.device``.
-
-    ``on_point(point)`` is called for each point once all are done; ``on_pass(done, total)``
-    after each forward pass.
-    """
-    return run_batched(stages, images, cfg, timing, on_point=on_point, on_pass=on_pass)
+#: Run the campaign described by ``cfg`` on ``images`` (B, 3, 160, 320), batched, on ``cfg.device``:
+#: the batched engine is the campaign runner (``on_point(point)`` once all points are done, ``on_pass(done,
+#: total)`` after each forward pass); :func:`run_reference` is the plain per-point loop it is checked against.
+run_sweep = run_batched
 
 
 def run_reference(
