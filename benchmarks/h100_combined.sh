@@ -5,6 +5,10 @@
 #   e.g. OUT=/tmp/o bash benchmarks/h100_combined.sh ckpt=benchmarks/ckpt/h100_s2.sh:150
 set -uo pipefail
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+# GPU_TAG names the records of lanes that take it (h100, h200, ...): read from the GPU's name.
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "$GPU_NAME" in *H200*) GPU_TAG=h200 ;; *H100*) GPU_TAG=h100 ;; *) GPU_TAG=gpu ;; esac
+export GPU_TAG
 ROOT_OUT=$OUT
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader 2>/dev/null | tee "$ROOT_OUT/combined.log"
 for arg in "$@"; do

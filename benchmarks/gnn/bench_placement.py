@@ -16,7 +16,7 @@ import argparse
 import numpy as np
 
 from carina.core.bench import Basis, Figure, make_record, write_record
-from carina.gnn.placement.compare import compare_placements, default_capacities, synthetic_items
+from carina.gnn.placement.compare import compare_placements, default_capacities, route_rows, synthetic_items
 from carina.gnn.placement.place import Items, evaluate, place_exact, place_greedy
 from carina.gnn.placement.topology import builtin
 from carina.testing.gnn import small_machine
@@ -41,14 +41,17 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=256)
     ap.add_argument("--batch-gb", type=float, default=2.0)
     ap.add_argument("--gap-instances", type=int, default=12)
+    ap.add_argument("--route-rows", type=int, default=10, help="busiest links per topology in metrics.routes")
     args = ap.parse_args()
-    figures, metrics = [], {}
+    figures: list[Figure] = []
+    metrics: dict = {"routes": []}
     for name in ("pcie-8gpu-2socket", "nvswitch-8gpu"):
         topo = builtin(name)
         items = synthetic_items(topo, n_items=args.items, batch_gb=args.batch_gb)
         res = compare_placements(topo, items, default_capacities(topo, items))
         ours, naive = res["placements"]["carina-greedy"], res["placements"]["replicate-hottest"]
         metrics[name] = res
+        metrics["routes"] += route_rows(res)[: args.route_rows]  # the busiest links; all are in link_loads
         figures.append(
             Figure(
                 name=f"{name}.batch_time_lp",

@@ -11,6 +11,8 @@
 # Each benchmark writes its record into $OUT/gnn/ (CARINA_RESULTS_DIR) as soon as its step ends, and prints
 # its key figures into log.txt; the summary at the end only reads those files.
 # Usage (repository root): OUT=<dir> bash benchmarks/gnn/h100_s2.sh
+# GPU_TAG names the records (default h100; the device driver sets it from nvidia-smi); STEPS="determinism
+# placement-e2e" leaves the IGB-like step out (calibrate, determinism and placement-e2e always run).
 # Proof on CPU (tiny sizes):  DEVICE=cpu OUT=/tmp/gnn_out PYTHON=.venv/bin/python bash benchmarks/gnn/h100_s2.sh
 set -u
 DEVICE=${DEVICE:-cuda}
@@ -23,7 +25,7 @@ mkdir -p "$WORK"
 if [ "$DEVICE" = cpu ]; then  # the CPU proof runs on a shared 2-core machine: tiny sizes, 3x the time limits
   TAG=cpu_s2 P_NODES=16384 P_BATCH=128 P_HIDDEN=32 I_NODES=4096 I_BATCH=32 BATCHES=4 CAL_MB=32 SCALE=3
 else
-  TAG=h100 P_NODES=2097152 P_BATCH=1024 P_HIDDEN=256 I_NODES=524288 I_BATCH=256 BATCHES=6 CAL_MB=256 SCALE=1
+  TAG=${GPU_TAG:-h100} P_NODES=2097152 P_BATCH=1024 P_HIDDEN=256 I_NODES=524288 I_BATCH=256 BATCHES=6 CAL_MB=256 SCALE=1
 fi
 MACHINE="$WORK/machine.json"
 step() {  # step <name> <timeout s> <command...>
@@ -43,7 +45,7 @@ MOPT=()
 step determinism 60 $PY benchmarks/gnn/bench_determinism.py --data "$WORK/papers" --nodes "$P_NODES" --dim 128 \
   --fanouts 10,5 --batch-size "$P_BATCH" --hidden "$P_HIDDEN" --batches "$BATCHES" --warmup 1 --budgets 0.2,0.6 \
   --device "$DEVICE" "${MOPT[@]}" --name "gnn_determinism_$TAG"
-step igb-like 50 $PY benchmarks/gnn/bench_outofcore.py --preset igb-like --data "$WORK/igb" --nodes "$I_NODES" \
+[[ " ${STEPS:-determinism igb-like placement-e2e} " == *" igb-like "* ]] && step igb-like 50 $PY benchmarks/gnn/bench_outofcore.py --preset igb-like --data "$WORK/igb" --nodes "$I_NODES" \
   --fanouts 10,5 --batch-size "$I_BATCH" --hidden "$P_HIDDEN" --batches "$BATCHES" --warmup 1 --budgets 0.2 \
   --skip mmap,ablations --device "$DEVICE" "${MOPT[@]}" --name "gnn_outofcore_igb_$TAG"
 if [ -f "$MACHINE" ] && [ -f "$WORK/papers/manifest.json" ]; then

@@ -114,6 +114,8 @@ def test_topo_and_place(tmp_path):
     assert set(res["placements"]) == {"carina-greedy", "replicate-hottest"}
     table = runner.invoke(app, ["place", "--topology", "nvswitch-8gpu", "--items", "32"])
     assert table.exit_code == 0 and "simulated" in table.stdout
+    routed = runner.invoke(app, ["place", "--topology", "nvswitch-8gpu", "--items", "32", "--routes"])
+    assert routed.exit_code == 0 and "LP load per link" in routed.stdout and "nvswitch->gpu0" in routed.stdout
     bad = runner.invoke(app, ["topo", "--topology", "no-such-machine"])
     assert bad.exit_code != 0
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from carina.core.errors import CapacityError, ConfigError
-from carina.gnn.placement.compare import compare_placements, default_capacities, synthetic_items
+from carina.gnn.placement.compare import compare_placements, default_capacities, route_rows, synthetic_items
 from carina.gnn.placement.place import Items, evaluate, place_exact, place_greedy, replicate_hottest
 from carina.gnn.placement.topology import builtin
 from carina.testing.gnn import small_machine
@@ -56,6 +56,24 @@ def test_compare_reports_simulated_figures():
     for r in (ours, naive):
         assert r["simulated_lp_routes_s"] == pytest.approx(r["lp_time_s"], rel=1e-3)
         assert r["simulated_shortest_fair_s"] >= r["lp_time_s"] * (1 - 1e-6)
+
+
+@pytest.mark.parametrize("name", ["pcie-8gpu-2socket", "nvswitch-8gpu"])
+def test_route_rows_are_the_plans_link_loads(name):
+    t = builtin(name)
+    items = synthetic_items(t, n_items=40, batch_gb=2.0)
+    res = compare_placements(t, items, default_capacities(t, items))
+    rows = route_rows(res)
+    lp_s = res["placements"]["carina-greedy"]["lp_time_s"]
+    assert rows and {r["topology"] for r in rows} == {name}
+    for r in rows:  # each link carries at most what its capacity moves in the LP's time
+        assert r["gb"] == pytest.approx(r["utilization"] * r["gbps"] * lp_s, rel=1e-9)
+        assert 0 < r["utilization"] <= 1 + 1e-6
+    assert rows[0]["utilization"] == pytest.approx(1.0, rel=1e-4)  # the bottleneck is saturated, listed first
+    into_gpus = sum(r["gb"] for r in rows if r["link"].split("->")[1] in items.gpus)
+    by_kind = res["placements"]["carina-greedy"]["bytes_by_source_kind_gb"]
+    remote = sum(gb for kind, gb in by_kind.items() if kind != "gpu-local")
+    assert into_gpus == pytest.approx(remote, rel=1e-6)  # every remote GB arrives over exactly one GPU-bound link
 
 
 def test_too_little_capacity_is_refused():

@@ -330,10 +330,11 @@ def place(
     gpu_share: Annotated[float, typer.Option(help="Share of all chunks one GPU cache holds.")] = 0.05,
     dram_share: Annotated[float, typer.Option(help="Share of all chunks host DRAM holds.")] = 0.3,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic hotness.")] = 0,
+    routes: Annotated[bool, typer.Option(help="Also print GB and utilisation on every link of carina's plan.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Place hot features and schedule transfers; compare with naive placement and routing."""
-    from carina.gnn.placement.compare import compare_placements, default_capacities, synthetic_items
+    from carina.gnn.placement.compare import compare_placements, default_capacities, route_rows, synthetic_items
 
     t = _topology(topology)
     it = synthetic_items(t, n_items=items, alpha=alpha, batch_gb=batch_gb, seed=seed)
@@ -355,3 +356,8 @@ def place(
     ]
     cols = ["placement", "LP ms", "sim LP routes ms", "sim shortest-path ms", "GB per batch by source"]
     print_table(rows, columns=cols, title=f"batch transfer time on {t.name} ({basis})")
+    if routes:
+        links = [
+            (r["link"], f"{r['gb']:.3f}", f"{r['gbps']:.3g}", f"{r['utilization']:.0%}") for r in route_rows(result)
+        ]
+        print_table(links, columns=["link", "GB per batch", "GB/s", "busy"], title="carina-greedy: LP load per link")

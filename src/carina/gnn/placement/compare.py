@@ -17,7 +17,7 @@ from carina.gnn.placement.place import Items, Placement, demands_of, evaluate, p
 from carina.gnn.placement.simulate import Sharing, shortest_path_transfers, simulate, transfers_from
 from carina.gnn.placement.topology import NodeKind, Topology
 
-__all__ = ["compare_placements", "default_capacities", "synthetic_items"]
+__all__ = ["compare_placements", "default_capacities", "route_rows", "synthetic_items"]
 
 
 def synthetic_items(
@@ -49,13 +49,18 @@ def _figures(topo: Topology, items: Items, placement: Placement) -> dict[str, An
     demands = demands_of(topo, items, placement)
     lp_sim = simulate(topo, transfers_from(sched), sharing=Sharing.WEIGHTED)
     naive = simulate(topo, shortest_path_transfers(topo, demands), sharing=Sharing.FAIR)
-    busiest = sorted(sched.utilization().items(), key=lambda kv: -kv[1])[:3]
+    util = sched.utilization()
+    loads = sorted(util.items(), key=lambda kv: (-kv[1], kv[0]))
     return {
         "lp_time_s": sched.time_s,
         "simulated_lp_routes_s": lp_sim.makespan_s,
         "simulated_shortest_fair_s": naive.makespan_s,
         "bytes_by_source_kind_gb": _by_kind(topo, demands),
-        "busiest_links": [{"link": f"{a}->{b}", "utilization": u} for (a, b), u in busiest],
+        "busiest_links": [{"link": f"{a}->{b}", "utilization": u} for (a, b), u in loads[:3]],
+        "link_loads": [
+            {"link": f"{a}->{b}", "gb": sched.link_gb[(a, b)], "gbps": sched.capacity[(a, b)], "utilization": u}
+            for (a, b), u in loads
+        ],
         "stored_gb": placement.load_gb(items),
     }
 
@@ -79,3 +84,9 @@ def compare_placements(topo: Topology, items: Items, capacity_gb: dict[str, floa
         "gpus": len(items.gpus),
         "placements": {"carina-greedy": _figures(topo, items, ours), "replicate-hottest": _figures(topo, items, naive)},
     }
+
+
+def route_rows(result: dict[str, Any], placement: str = "carina-greedy") -> list[dict[str, Any]]:
+    """One row per used link of ``placement``'s LP plan in a :func:`compare_placements` result."""
+    rows = result["placements"][placement]["link_loads"]
+    return [{"topology": result["topology"], "placement": placement, **row} for row in rows]
