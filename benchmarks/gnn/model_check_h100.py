@@ -1,6 +1,6 @@
 """Re-check the disk cost model against the committed H100 records (CPU only, no new measurement).
 
-Reads ``benchmarks/results/h100/gnn_*.json`` and, for every carina run in them, prices the
+Reads ``benchmarks/results/<machine>/gnn_*.json`` (``h100`` by default) and, for every carina run in them, prices the
 disk reads the run actually made (its IO and page counts per batch) with both disk cost
 forms of :func:`carina.gnn.costmodel.disk_seconds`: ``additive`` (``IOs / IOPS + bytes /
 bandwidth``) and ``overlapped`` (``max`` of the two, the form the records' predictions
@@ -11,10 +11,15 @@ records from their stored machine and workload (the records keep every 10th poin
 hotness curve, so the overlapped recomputation is shown next to the record's own value)::
 
     PYTHONPATH=$PWD/src python benchmarks/gnn/model_check_h100.py
+    PYTHONPATH=$PWD/src python benchmarks/gnn/model_check_h100.py --machine h200   # session 3's H200 records
+
+A machine's folder may lack some of the records (the H200 has the determinism and placement
+records only): the checks whose records are missing are left out.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -28,28 +33,39 @@ from carina.gnn.placement.schedule import Demand, schedule_lp
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_placement_e2e import topology  # the one-GPU topology the placement record used
 
-H100 = Path(__file__).resolve().parents[1] / "results" / "h100"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+MACHINE = "h100"  # set from --machine
 PAGE = 4096
 
 
+def _path(name: str) -> Path:
+    return RESULTS / MACHINE / f"{name}_{MACHINE}.json"
+
+
 def _load(name: str) -> dict:
-    return json.loads((H100 / f"{name}.json").read_text())
+    return json.loads(_path(name).read_text())
 
 
 def _runs() -> list[tuple[str, dict, dict, int, int]]:
     """(label, carina run, machine dict, batches counted, batch size) for every carina run."""
     out = []
-    first = _load("gnn_outofcore_h100")
-    for b, run in first["metrics"]["carina"].items():
-        out.append((f"papers-like@{b} (first run)", run, first["metrics"]["machine"], 10, 1024))
-    igb = _load("gnn_outofcore_igb_h100")
-    for b, run in igb["metrics"]["carina"].items():
-        out.append((f"igb-like@{b}", run, igb["metrics"]["machine"], 6, 256))
-    det = _load("gnn_determinism_h100")  # calibrated in the same device run as the IGB-like record
-    for mode, runs in det["metrics"]["modes"].items():
-        for k, run in runs.items():
-            if "fetch" in run:
-                out.append((f"papers-like {k.split('@')[1]} ({mode})", run, igb["metrics"]["machine"], 6, 1024))
+    if _path("gnn_outofcore").is_file():
+        first = _load("gnn_outofcore")
+        for b, run in first["metrics"]["carina"].items():
+            out.append((f"papers-like@{b} (first run)", run, first["metrics"]["machine"], 10, 1024))
+    machine = None
+    if _path("gnn_outofcore_igb").is_file():
+        igb = _load("gnn_outofcore_igb")
+        machine = igb["metrics"]["machine"]  # calibrated in the same device run as the determinism record
+        for b, run in igb["metrics"]["carina"].items():
+            out.append((f"igb-like@{b}", run, machine, 6, 256))
+    if _path("gnn_determinism").is_file():
+        det = _load("gnn_determinism")
+        machine = machine or det["metrics"].get("machine") or _load("gnn_placement_e2e")["metrics"]["machine"]
+        for mode, runs in det["metrics"]["modes"].items():
+            for k, run in runs.items():
+                if "fetch" in run:
+                    out.append((f"papers-like {k.split('@')[1]} ({mode})", run, machine, 6, 1024))
     return out
 
 
@@ -80,9 +96,10 @@ def _disk_figures() -> tuple[list[Figure], dict]:
 
 
 def _e2e_figures() -> tuple[list[Figure], dict]:
-    rec = _load("gnn_placement_e2e_h100")
+    rec = _load("gnn_placement_e2e")
     m = rec["metrics"]
     machine = MachineSpec.from_dict(m["machine"] | {"disk_cost": "additive"})
+    recorded_form = m["machine"].get("disk_cost", "overlapped")  # records before session 2's fix lack the key
     row_bytes = m["dataset"]["row_bytes"]
     pred, meas = [], []
     for row in m["batches"]:
@@ -98,7 +115,7 @@ def _e2e_figures() -> tuple[list[Figure], dict]:
         unit="ms",
         higher_is_better=False,
         basis=Basis.MODELED,
-        peers={"measured": float(np.mean(meas)) * 1e3, "LP as recorded (overlapped)": figure(rec, "predicted")},
+        peers={"measured": float(np.mean(meas)) * 1e3, f"LP as recorded ({recorded_form})": figure(rec, "predicted")},
     )
     stats = {"mean": float(np.mean(ratios)), "min": min(ratios), "max": max(ratios)}
     return [fig], {"predicted_s": pred, "measured_s": meas, "measured_over_predicted": stats}
@@ -111,7 +128,9 @@ def figure(rec: dict, prefix: str) -> float:
 
 def _full_predictions() -> tuple[list[Figure], dict]:
     figures, out = [], {}
-    for name, gap_key in (("gnn_outofcore_igb_h100", "gap_pages"), ("gnn_outofcore_h100", None)):
+    for name, gap_key in (("gnn_outofcore_igb", "gap_pages"), ("gnn_outofcore", None)):
+        if not _path(name).is_file():
+            continue
         rec = _load(name)
         m = rec["metrics"]
         work = WorkloadProfile.from_dict(m["workload"])
@@ -123,7 +142,7 @@ def _full_predictions() -> tuple[list[Figure], dict]:
                 c: predict(MachineSpec.from_dict(m["machine"] | {"disk_cost": c}), work, **kw).seeds_per_s
                 for c in ("additive", "overlapped")
             }
-            label = f"{name.removeprefix('gnn_outofcore_')}@{b}"
+            label = f"{ {'gnn_outofcore_igb': 'igb-like', 'gnn_outofcore': 'papers-like'}[name] }@{b}"
             out[label] = p | {"recorded_prediction": run["predicted"]["seeds_per_s"], "measured": run["seeds_per_s"]}
             figures.append(
                 Figure(
@@ -141,15 +160,19 @@ def _full_predictions() -> tuple[list[Figure], dict]:
 
 
 def main() -> None:
+    global MACHINE
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--machine", default="h100", help="results folder whose gnn records are checked")
+    MACHINE = ap.parse_args().machine
     disk_figs, disk_rows = _disk_figures()
     e2e_figs, e2e = _e2e_figures()
     full_figs, full = _full_predictions()
     rec = make_record(
-        name="gnn_model_check_h100",
+        name=f"gnn_model_check_{MACHINE}",
         figures=[*disk_figs, *e2e_figs, *full_figs],
-        config={"records": sorted(p.name for p in H100.glob("gnn_*.json"))},
+        config={"records": sorted(p.name for p in (RESULTS / MACHINE).glob("gnn_*.json"))},
         metrics={"disk_from_measured_counts": disk_rows, "placement_e2e": e2e, "full_predictions": full},
-        notes="Computed on the CPU from the committed H100 records; no new measurement. disk_ms_* price the IOs "
+        notes=f"Computed on the CPU from the committed {MACHINE} records; no new measurement. disk_ms_* price the IOs "
         "and pages each run actually read (per batch, warm-up batches included in the counts) and are compared "
         "with the measured time per batch; the overlapped form is the one the records' predictions used.",
     )

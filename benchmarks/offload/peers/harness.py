@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--nvme-path", default=None, help="spill directory (adds ZeRO-Infinity and carina+nvme)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/<machine>)")
+    parser.add_argument("--skip-ideal", action="store_true", help="no ideal run (a diagnostic of the systems alone)")
     args = parser.parse_args()
     preset = PRESETS[args.preset]
     systems = args.systems or list(preset["systems"])
@@ -182,11 +183,14 @@ def main() -> None:
             row["results"][system] = result = run_one(replace(base, system=system), args.timeout)
             _say(f"{system} {tokens} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
             _write(rows, calib, command, args.out)
-        start = time.perf_counter()
-        row["ideal_s"], row["ideal_how"] = ideal_step_s(base, args.timeout)
-        row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
-        ideal = f"{tokens / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
-        _say(f"ideal {tokens} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")
+        if args.skip_ideal:
+            row["ideal_how"] = "not measured (--skip-ideal)"
+        else:
+            start = time.perf_counter()
+            row["ideal_s"], row["ideal_how"] = ideal_step_s(base, args.timeout)
+            row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
+            ideal = f"{tokens / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
+            _say(f"ideal {tokens} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")
         for path in _write(rows, calib, command, args.out):
             print(path)
 

@@ -59,6 +59,7 @@ def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -
                 "step_s": result.get("step_s", []),
                 "peak_gpu_bytes": result.get("peak_gpu_bytes"),
                 "peak_host_rss_bytes": result.get("peak_host_rss_bytes"),
+                "allocator": result.get("allocator", {}),
                 "settings": result.get("settings", {}),
                 "versions": result.get("versions", {}),
                 "ideal_tokens_per_s": ideal,

@@ -54,6 +54,7 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     peak_gpu_bytes: int | None = None
     peak_host_rss_bytes: int | None = None
+    allocator: dict[str, int] = field(default_factory=dict)  # CUDA caching-allocator counters over the run
     settings: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
 
@@ -134,6 +135,11 @@ def timed_loop(spec: RunSpec, step: Any, device: str) -> RunResult:
     median = times_sorted[len(times_sorted) // 2]
     rows = max(1, spec.tokens_per_step // spec.seq_len)
     peak_gpu = int(torch.cuda.max_memory_reserved()) if device.startswith("cuda") else None
+    alloc: dict[str, int] = {}
+    if device.startswith("cuda"):  # retries = the allocator freed its cache and tried again near the cap
+        stats = torch.cuda.memory_stats()
+        keys = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+        alloc = {k: int(stats.get(k, 0)) for k in keys}
     return RunResult(
         spec=spec,
         status="ok",
@@ -142,6 +148,7 @@ def timed_loop(spec: RunSpec, step: Any, device: str) -> RunResult:
         losses=losses,
         peak_gpu_bytes=peak_gpu,
         peak_host_rss_bytes=peak_host_rss(),
+        allocator=alloc,
     )
 
 

@@ -14,9 +14,10 @@ import carina.offload as co
 from carina.errors import ConfigError
 from carina.offload.disagg import DisaggConfig, launch
 from carina.offload.disagg.backend import offload_worker
-from carina.offload.disagg.config import WorkerRuntime
+from carina.offload.disagg.config import PSKernel, WorkerRuntime
 from carina.offload.disagg.demo import lm_loss, synthetic_batch, tiny_llama
 from carina.offload.disagg.job import _init_segment
+from carina.offload.disagg.layout import publish_order
 from carina.offload.disagg.server import ShardServer
 from carina.offload.disagg.worker import PSLink
 
@@ -41,9 +42,10 @@ def _cfg(workers: int, shards: int, **kw) -> DisaggConfig:
     )
 
 
-def test_block_runtime_worker_streams_and_is_bitwise_in_process(tmp_path):
+@pytest.mark.parametrize("kernel", [PSKernel.SINGLE, PSKernel.FUSED])
+def test_block_runtime_worker_streams_and_is_bitwise_in_process(tmp_path, kernel):
     """One worker (this thread) on the block runtime, two PS shards (threads) over one segment."""
-    cfg = _cfg(1, 2)
+    cfg = _cfg(1, 2, ps_kernel=kernel)
     layout, segment, control = _init_segment(cfg, tmp_path, MODEL(), None)
     servers = [ShardServer(cfg, s, layout, segment, control) for s in range(2)]
     threads = [threading.Thread(target=s.run, args=(STEPS, [os.getpid()])) for s in servers]
@@ -73,6 +75,55 @@ def test_block_runtime_worker_streams_and_is_bitwise_in_process(tmp_path):
         for slot, master in zip(server.slots, server.masters, strict=True):
             assert torch.equal(master.detach(), ref_params[slot.name]), slot.name
     handle.close()
+
+
+def test_publish_order_puts_the_rest_first_then_blocks_in_order():
+    names = ["model.embed.weight", "model.layers.1.w", "model.layers.0.w", "model.layers.10.w", "lm_head.weight"]
+    assert [names[i] for i in publish_order(names)] == [
+        "model.embed.weight",
+        "lm_head.weight",
+        "model.layers.0.w",
+        "model.layers.1.w",
+        "model.layers.10.w",
+    ]
+
+
+def test_pulls_overlap_the_next_forward_in_publish_order(tmp_path):
+    """After a planned step, each group's pull is its pending update, and shards publish in forward order."""
+    cfg = _cfg(1, 1)
+    layout, segment, control = _init_segment(cfg, tmp_path, MODEL(), None)
+    seen: list[tuple[int, int]] = []
+    record = control.set_published
+    control.set_published = lambda i, step: (seen.append((i, step)), record(i, step))[1]  # type: ignore[method-assign]
+    server = ShardServer(cfg, 0, layout, segment, control)
+    thread = threading.Thread(target=server.run, args=(STEPS, [os.getpid()]))
+    thread.start()
+    try:
+        model, opt = offload_worker(MODEL(), cfg, PSLink(cfg, 0, layout, segment, control), "cpu")
+        rt = co.handle_of(model).runtime
+        queued, losses = [], []
+        for k in range(STEPS):
+            loss = lm_loss(model, synthetic_batch(k, 0, 1))
+            loss.backward()
+            opt.step()
+            queued.append([len(g.updates) for g in rt.groups])
+            losses.append(float(loss.detach()))
+        opt.finish()
+    except BaseException:
+        control.abort(0)
+        raise
+    thread.join(60)
+    planned = cfg.offload.profile_steps
+    assert queued[:planned] == [[0] * len(rt.groups)] * planned  # profiling steps pull at once
+    assert all(q == [1] * len(rt.groups) for q in queued[planned:])  # then one queued pull per group
+    assert all(len(g.updates) == 0 for g in rt.groups)  # finish() waited for the last ones
+    names = [s.name for s in layout.slots]
+    for k in range(STEPS):
+        assert [i for i, step in seen if step == k + 1] == publish_order(names)
+    ref_losses, ref_params = reference(1, STEPS, cfg, layers=4)
+    assert losses == ref_losses  # the overlapped pulls change no bit
+    assert all(torch.equal(m.detach(), ref_params[s.name]) for s, m in zip(server.slots, server.masters, strict=True))
+    co.handle_of(model).close()
 
 
 @pytest.mark.slow

@@ -6,13 +6,18 @@ final, calls its optimizer seam ``runtime.step_group(group)`` (during backward o
 is over, otherwise at ``step()``). :class:`PSBackend` is that optimizer: it subclasses
 :class:`~carina.offload.session.OffloadOptimizer` (so profiling, planning, activation policies
 and the device budget work unchanged) and replaces the update: ``step_group`` copies the
-block's gradients into this worker's slots of the PS segment; ``step()`` waits for the PS
-shards to reduce and update, then copies the published parameters into the block runtime's
-host copies, which the runtime streams to the device before their next use.
+block's gradients into this worker's slots of the PS segment; ``step()`` tells the PS the
+gradients are in and returns. The shards publish parameter by parameter in the order the next
+forward needs them, and one pull thread copies each group's published parameters into the
+block runtime's host copy as soon as that group is complete; the copy is the group's pending
+update (``ParamGroup.updates``), which the runtime already waits for before it streams the
+group to the device. So the PS update overlaps the next forward instead of stalling the step.
+While profiling (the plan may change residency at that step) the pull is synchronous.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 from dataclasses import replace
 from typing import Any
 
@@ -44,6 +49,7 @@ class PSBackend(OffloadOptimizer):
         if missing or len(names) != len(link.grads):
             raise ConfigError("the worker's model does not match the PS layout", key="model", param=missing[:1])
         self._routes = {g.index: [(g.slot(i), names[id(p)]) for i, p in enumerate(g.params)] for g in runtime.groups}
+        self._puller = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-ps-pull")
         self.pull()
 
     def step_group(self, g: ParamGroup) -> None:
@@ -53,26 +59,45 @@ class PSBackend(OffloadOptimizer):
         g.stepped = True
 
     def step(self, closure: Any = None) -> Any:
-        """Finish backward (plan after profiling), hand the gradients to the PS, take the update."""
+        """Finish backward (plan after profiling), hand the gradients to the PS, queue the pulls."""
+        profiling = self.rt.profiling
         loss = super().step(closure)
-        self.link.exchange()
-        self.pull()
+        k = self.link.post()
+        rest, blocks = self.rt.groups[-1], self.rt.groups[:-1]
+        for g in [rest, *blocks]:  # the order the next forward fetches them (and the PS publishes)
+            self.rt.wait_updates(g)
+            g.updates.append(self._puller.submit(self._pull_group, g, k))
+        if profiling:
+            self.finish()
         return loss
 
+    def finish(self) -> None:
+        """Wait until every queued pull is done (the last step's update is in the host copies)."""
+        for g in self.rt.groups:
+            self.rt.wait_params(g)
+
+    def _pull_group(self, g: ParamGroup, k: int) -> None:
+        names = [name for _, name in self._routes[g.index]]
+        self.link.wait_published(names, k)
+        self._copy_published(g)
+
+    def _copy_published(self, g: ParamGroup) -> None:
+        import torch
+
+        with torch.no_grad():
+            for sl, name in self._routes[g.index]:
+                g.host_copy[sl].copy_(self.link.published[name].view(-1))
+        g.stale = True
+
     def pull(self) -> None:
-        """Copy the published parameters into each group's host copy; the runtime refetches them.
+        """Copy the published parameters into each group's host copy now; the runtime refetches them.
 
         With a float32 compute dtype the host copy is the worker's master; otherwise only the
         compute-dtype copy is refreshed (the PS holds the only fp32 masters).
         """
-        import torch
-
-        with torch.no_grad():
-            for g in self.rt.groups:
-                self.rt.wait_updates(g)
-                for sl, name in self._routes[g.index]:
-                    g.host_copy[sl].copy_(self.link.published[name].view(-1))
-                g.stale = True
+        for g in self.rt.groups:
+            self.rt.wait_updates(g)
+            self._copy_published(g)
 
 
 def offload_worker(model: Any, cfg: DisaggConfig, link: PSLink, device: str) -> tuple[Any, PSBackend]:

@@ -9,7 +9,7 @@ from pathlib import Path
 from carina.core.config import Config, require
 from carina.offload.config import OffloadConfig
 
-__all__ = ["DisaggConfig", "PublishDtype", "WorkerRuntime"]
+__all__ = ["DisaggConfig", "PSKernel", "PublishDtype", "WorkerRuntime"]
 
 
 class PublishDtype(enum.Enum):
@@ -17,6 +17,14 @@ class PublishDtype(enum.Enum):
 
     FLOAT32 = "float32"  # exact (CPU workers, tests)
     BFLOAT16 = "bfloat16"  # half the H2D bytes (GPU workers computing in bf16)
+
+
+class PSKernel(enum.Enum):
+    """Which CPU kernel a PS shard's optimizer runs."""
+
+    AUTO = "auto"  # fused when the workers compute on CUDA, else single-tensor
+    SINGLE = "single"  # torch's single-tensor loop (foreach=False)
+    FUSED = "fused"  # torch's fused CPU kernel (one pass over each parameter)
 
 
 class WorkerRuntime(enum.Enum):
@@ -48,6 +56,7 @@ class DisaggConfig(Config):
         offload: The block runtime's config for ``runtime=offload`` (its ``device`` is replaced by
             the worker's); no clipping (it needs the global norm) and one backward per step.
         ps_threads: CPU threads of each PS shard's optimizer.
+        ps_kernel: The shards' optimizer kernel (:class:`PSKernel`).
         worker_threads: CPU threads of each worker process.
         checkpoint_every: With a checkpoint callback: PS shards pause before applying step k
             while k is a multiple of this, until the callback took the state of step k (0: never).
@@ -69,6 +78,7 @@ class DisaggConfig(Config):
     runtime: WorkerRuntime = WorkerRuntime.OFFLOAD
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     ps_threads: int = 1
+    ps_kernel: PSKernel = PSKernel.AUTO
     worker_threads: int = 1
     checkpoint_every: int = 0
 

@@ -1,7 +1,8 @@
 """The control block: step counters both sides poll, liveness, and the abort word.
 
 A small shared int64 array: ``grad_step[w]`` (worker w's gradients for step k are in place
-when it reads k+1), ``done_step[s]`` (shard s has published step k+1), ``abort``, ``dead``
+when it reads k+1), ``done_step[s]`` (shard s has published step k+1), ``published[i]``
+(parameter slot i's update of step k is published: k+1), ``abort``, ``dead``
 (which worker died, +1), ``taken`` (the last step whose PS state a checkpoint has copied) and
 the launcher's pid: a worker or shard whose launcher is gone (killed) gives up instead of
 waiting forever. Polling a few counters costs microseconds and works across any
@@ -29,11 +30,11 @@ class WorkerDied(CarinaError):
 class Control:
     """The shared counters of one job."""
 
-    def __init__(self, path: Path, workers: int, shards: int, *, create: bool) -> None:
+    def __init__(self, path: Path, workers: int, shards: int, *, create: bool, slots: int = 0) -> None:
         import torch
 
-        self.workers, self.shards = workers, shards
-        n = _HEADER + workers + shards
+        self.workers, self.shards, self.slots = workers, shards, slots
+        n = _HEADER + workers + shards + slots
         if create:
             with path.open("wb") as fh:
                 fh.truncate(8 * n)
@@ -58,6 +59,14 @@ class Control:
     def set_done_step(self, s: int, step: int) -> None:
         """Shard ``s`` announces it has published ``step``."""
         self.words[_HEADER + self.workers + s] = step
+
+    def published(self, i: int) -> int:
+        """The step whose update of parameter slot ``i`` is published."""
+        return int(self.words[_HEADER + self.workers + self.shards + i])
+
+    def set_published(self, i: int, step: int) -> None:
+        """Slot ``i``'s update for ``step`` - 1 is published (its shard may still be updating others)."""
+        self.words[_HEADER + self.workers + self.shards + i] = step
 
     @property
     def taken(self) -> int:

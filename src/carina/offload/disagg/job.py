@@ -56,14 +56,15 @@ def _worker_main(
     torch.set_num_threads(cfg.worker_threads)
     device = _device(cfg)
     segment = map_segment(Path(job) / "segment", layout.nbytes, create=False)
-    control = Control(Path(job) / "control", cfg.workers, cfg.ps_shards, create=False)
+    control = Control(Path(job) / "control", cfg.workers, cfg.ps_shards, create=False, slots=len(layout.slots))
     model = model_fn()
     step: Callable[[], None]
+    finish: Callable[[], None] = _nothing
     if cfg.runtime is WorkerRuntime.OFFLOAD:
         from carina.offload.disagg.backend import offload_worker
 
         model, backend = offload_worker(model, cfg, PSLink(cfg, rank, layout, segment, control), device)
-        step = backend.step
+        step, finish = backend.step, backend.finish
     else:
         model = model.to(device)
         step = DisaggWorker(model, cfg, rank, layout, segment, control, device=device).step
@@ -77,7 +78,12 @@ def _worker_main(
         step()
         losses.append(float(loss.detach()))  # waits for the device: the step is over
         seconds.append(time.perf_counter() - t0)
+    finish()  # the last update is in this worker's host copies (it overlapped nothing)
     (Path(job) / f"losses{rank}.json").write_text(json.dumps({"losses": losses, "seconds": seconds}))
+
+
+def _nothing() -> None:
+    """A plain worker's step leaves nothing pending."""
 
 
 def _device(cfg: DisaggConfig) -> str:
@@ -102,7 +108,7 @@ def _init_segment(
     )
     layout.check_fits(job)
     segment = map_segment(job / "segment", layout.nbytes, create=True)
-    control = Control(job / "control", cfg.workers, cfg.ps_shards, create=True)
+    control = Control(job / "control", cfg.workers, cfg.ps_shards, create=True, slots=len(layout.slots))
     if state is not None:
         load_ps_state(layout, segment, state, publish_dtype(cfg))
         return layout, segment, control

@@ -17,7 +17,7 @@ from typing import Any
 
 from carina.core.errors import CapacityError, ConfigError
 
-__all__ = ["ParamSlot", "SharedLayout", "assign_shards"]
+__all__ = ["ParamSlot", "SharedLayout", "assign_shards", "publish_order"]
 
 _ALIGN = 64
 
@@ -113,6 +113,22 @@ class SharedLayout:
     def shard_slots(self, shard: int) -> list[ParamSlot]:
         """The slots one PS shard owns, in model order."""
         return [s for s in self.slots if s.shard == shard]
+
+
+def publish_order(names: Sequence[str]) -> list[int]:
+    """Indices of ``names`` in the order a worker's next forward needs them.
+
+    carina.offload's runtime fetches the non-block parameters (embeddings, final norm, head)
+    when the forward starts, then the repeated blocks in order: names with no integer path
+    component come first (in model order), then those with one, by that block index. The order
+    only decides how soon each update is published, never what it is.
+    """
+
+    def key(i: int) -> tuple[int, int, int]:
+        block = next((int(part) for part in names[i].split(".") if part.isdigit()), None)
+        return (0, 0, i) if block is None else (1, block, i)
+
+    return sorted(range(len(names)), key=key)
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -1,11 +1,15 @@
 """A parameter-server shard: reduce the workers' gradients, step the optimizer, publish.
 
 Each shard owns the parameters :func:`~carina.offload.disagg.layout.assign_shards` gave it.
-For step k it waits until every worker has written its gradients, sums them on the CPU in
-worker order (0, 1, …, N−1: fixed, so results do not depend on timing), optionally
-all-reduces the sum with the same shard on the other hosts (gloo), runs its optimizer on the
-fp32 masters, writes the published copy, and only then marks step k+1 done. A worker that
-dies before the sums are taken leaves every shard at step k: no update is ever half applied.
+For step k it waits until every worker has written its gradients, then, one parameter at a
+time in the order the workers' next forward needs them (:func:`publish_order`), sums them on
+the CPU in worker order (0, 1, …, N−1: fixed, so results do not depend on timing),
+optionally all-reduces the sum with the same shard on the other hosts (gloo), runs its
+optimizer on that fp32 master, writes the published copy and marks that parameter's step
+k+1 published, so a worker's next forward starts on the first blocks while the shard still
+updates the later ones. Once every parameter is published it marks step k+1 done. No update
+starts before every worker's gradients are in place, so a worker that dies leaves every shard
+at step k: no update is ever half applied.
 The optimizer's state tensors are views of the shared segment too, so the launcher can copy
 the whole PS state while the shards hold at a checkpoint step (``checkpoint_every``).
 """
@@ -18,21 +22,36 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from carina.offload.disagg.config import DisaggConfig, PublishDtype
+from carina.offload.disagg.config import DisaggConfig, PSKernel, PublishDtype
 from carina.offload.disagg.control import Control, pid_watch
-from carina.offload.disagg.layout import SharedLayout, map_segment, view
+from carina.offload.disagg.layout import SharedLayout, map_segment, publish_order, view
 from carina.offload.disagg.state import state_views
 
 __all__ = ["ShardServer", "make_optimizer", "serve_shard"]
 
 
 def make_optimizer(params: Sequence[Any], cfg: DisaggConfig) -> Any:
-    """The optimizer each shard runs (single-tensor kernels, so results match a reference exactly)."""
+    """The optimizer each shard runs: single-tensor or fused CPU kernels (:class:`PSKernel`).
+
+    Either kernel updates each parameter on its own, so stepping one parameter at a time gives
+    the same bits as stepping all at once, and a reference built with this function matches.
+    """
     import torch
 
+    fused = ps_kernel_fused(cfg)
+    foreach = None if fused else False
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, foreach=False)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=False)
+        return torch.optim.SGD(params, lr=cfg.lr, foreach=foreach, fused=fused or None)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=foreach, fused=fused or None)
+
+
+def ps_kernel_fused(cfg: DisaggConfig) -> bool:
+    """Whether the shards run the fused CPU kernel (``auto``: when the workers compute on CUDA)."""
+    if cfg.ps_kernel is PSKernel.AUTO:
+        import torch
+
+        return cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    return cfg.ps_kernel is PSKernel.FUSED
 
 
 def publish_dtype(cfg: DisaggConfig) -> Any:
@@ -49,6 +68,9 @@ class ShardServer:
 
         self.cfg, self.shard, self.control = cfg, shard, control
         self.slots = layout.shard_slots(shard)
+        index = {s.name: i for i, s in enumerate(layout.slots)}
+        self.slot_index = [index[s.name] for s in self.slots]  # each slot's place in the control block
+        self.order = publish_order([s.name for s in self.slots])
         self.masters = [torch.nn.Parameter(view(segment, s.master, s.shape, torch.float32)) for s in self.slots]
         self.published = [view(segment, s.published, s.shape, publish_dtype(cfg)) for s in self.slots]
         self.grads = [
@@ -62,11 +84,17 @@ class ShardServer:
                     self.optimizer.state[master] = views
         self.group: Any = None
 
-    def reduce_and_step(self) -> None:
-        """Sum gradients in worker order, exchange across hosts, step, publish."""
+    def reduce_and_step(self, step: int = 0) -> None:
+        """Per parameter, in publish order: sum in worker order, exchange across hosts, step, publish.
+
+        Args:
+            step: The shard-local step being applied; each parameter is marked published at
+                ``step + 1`` as soon as its copy is written.
+        """
         import torch.distributed as dist
 
-        for master, grads in zip(self.masters, self.grads, strict=True):
+        for j in self.order:
+            master, grads = self.masters[j], self.grads[j]
             # One local worker and no exchange: its slot is the gradient (the optimizer only reads it).
             acc = grads[0] if len(grads) == 1 and self.group is None else grads[0].clone()
             for g in grads[1:]:
@@ -74,11 +102,11 @@ class ShardServer:
             if self.group is not None:
                 dist.all_reduce(acc, group=self.group)
             master.grad = acc
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-        for master, pub in zip(self.masters, self.published, strict=True):
-            pub.copy_(master.detach())
+            if self.optimizer is not None:
+                self.optimizer.step()  # only this master has a gradient: the others are skipped
+                master.grad = None
+            self.published[j].copy_(master.detach())
+            self.control.set_published(self.slot_index[j], step + 1)
 
     def run(self, steps: int, worker_pids: Sequence[int], start: int = 0) -> None:
         """Serve ``steps`` steps, failing cleanly if a worker dies.
@@ -104,7 +132,7 @@ class ShardServer:
                     what=f"the checkpoint of step {g}",
                     alive=alive,
                 )
-            self.reduce_and_step()
+            self.reduce_and_step(k)
             self.control.set_done_step(self.shard, k + 1)
 
     def _grads_in(self, k: int) -> bool:
@@ -134,7 +162,7 @@ def serve_shard(
 
     torch.set_num_threads(cfg.ps_threads)
     segment = map_segment(Path(seg_path), layout.nbytes, create=False)
-    control = Control(Path(ctl_path), cfg.workers, cfg.ps_shards, create=False)
+    control = Control(Path(ctl_path), cfg.workers, cfg.ps_shards, create=False, slots=len(layout.slots))
     server = ShardServer(cfg, shard, layout, segment, control)
     if cfg.hosts > 1:
         dist.init_process_group(

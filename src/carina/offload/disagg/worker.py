@@ -28,18 +28,33 @@ class PSLink:
         self.cfg, self.rank, self.control = cfg, rank, control
         self.grads = {s.name: view(segment, s.grads[rank], s.shape, torch.float32) for s in layout.slots}
         self.published = {s.name: view(segment, s.published, s.shape, publish_dtype(cfg)) for s in layout.slots}
+        self.slot_index = {s.name: i for i, s in enumerate(layout.slots)}
         self.step_index = 0
+
+    def post(self) -> int:
+        """Say this step's gradients are in place; returns the step ``k`` they belong to."""
+        k = self.step_index
+        self.control.set_grad_step(self.rank, k + 1)
+        self.step_index += 1
+        return k
+
+    def wait_published(self, names: list[str], k: int) -> None:
+        """Wait until the update of step ``k`` of every parameter in ``names`` is published."""
+        index = [self.slot_index[n] for n in names]
+        self.control.wait(
+            lambda: all(self.control.published(i) > k for i in index),
+            timeout=self.cfg.step_timeout_s,
+            what=f"parameters of step {k} ({names[0]}{', ...' if len(names) > 1 else ''})",
+        )
 
     def exchange(self) -> None:
         """Say this step's gradients are in place; wait until every shard has published the update."""
-        k = self.step_index
-        self.control.set_grad_step(self.rank, k + 1)
+        k = self.post()
         self.control.wait(
             lambda: all(self.control.done_step(s) > k for s in range(self.cfg.ps_shards)),
             timeout=self.cfg.step_timeout_s,
             what=f"parameters of step {k}",
         )
-        self.step_index += 1
 
 
 class DisaggWorker:
