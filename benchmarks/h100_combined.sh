@@ -9,6 +9,9 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 case "$GPU_NAME" in *H200*) GPU_TAG=h200 ;; *H100*) GPU_TAG=h100 ;; *) GPU_TAG=gpu ;; esac
 export GPU_TAG
+# The device's copy of .git may predate the working tree it holds: the lead writes the commit into
+# .device-commit (carried) before the call, and every record names it (carina.core.bench).
+[ -f .device-commit ] && export CARINA_SOURCE_COMMIT=$(cat .device-commit)
 ROOT_OUT=$OUT
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader 2>/dev/null | tee "$ROOT_OUT/combined.log"
 for arg in "$@"; do

@@ -53,6 +53,18 @@ def test_results_dir_flag(tmp_path):
         assert write_record(rec).parent == tmp_path / "out"
 
 
+def test_source_commit_names_a_copied_trees_commit():
+    from carina.core.bench import git_state
+
+    seen = git_state()
+    plain = make_record(name="r", figures=[], config={}, command="c", environment=ENV)
+    assert (plain["git_sha"], plain["git_dirty"]) == seen and "git_sha_seen" not in plain
+    with flags.override(CARINA_SOURCE_COMMIT="0123abcd"):
+        rec = make_record(name="r", figures=[], config={}, command="c", environment=ENV)
+    assert rec["git_sha"] == "0123abcd" and rec["git_dirty"] is False
+    assert (rec["git_sha_seen"], rec["git_dirty_seen"]) == seen
+
+
 def test_bad_records_are_rejected(tmp_path):
     (tmp_path / "bad.json").write_text('{"schema": "carina.bench/1"}')
     with pytest.raises(ModelFormatError, match="lacks"):

@@ -173,6 +173,10 @@ def make_record(
         command = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else []
     cmd = command if isinstance(command, str) else shlex.join(command)
     sha, dirty = git_state()
+    seen = {}
+    if flags.SOURCE_COMMIT.get():  # a copied tree (device machine): its .git is not the commit it holds
+        seen = {"git_sha_seen": sha, "git_dirty_seen": dirty}
+        sha, dirty = flags.SOURCE_COMMIT.get(), False
     cfg = config.to_dict() if hasattr(config, "to_dict") else to_jsonable(config)
     env: dict[str, Any] = scrub_paths(dict(environment))
     cmd, cfg = scrub_paths(cmd), scrub_paths(cfg)
@@ -185,6 +189,7 @@ def make_record(
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "git_sha": sha,
         "git_dirty": dirty,
+        **seen,
         "machine": {"label": machine_label(env), "hostname": platform.node()},
         "command": cmd,
         "config": cfg,

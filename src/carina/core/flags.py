@@ -127,3 +127,10 @@ LOG_LEVEL = define("CARINA_LOG_LEVEL", str, "WARNING", "logging level of the car
 RESULTS_DIR = define(
     "CARINA_RESULTS_DIR", str, "", "where benchmarks write records (default benchmarks/results/<machine>)"
 )
+SOURCE_COMMIT = define(
+    "CARINA_SOURCE_COMMIT",
+    str,
+    "",
+    "the commit a copied working tree came from (a device machine's copy, whose .git may be older); "
+    "records then name it as git_sha and keep what git said as git_sha_seen",
+)
