@@ -14,7 +14,7 @@ tier), ``thread`` in a pool of threads of the same process (zlib, lz4 and zstd
 release the GIL while they compress, so the threads run in parallel with each
 other and with the event loop; no pipes, no pickling), ``process`` in worker
 processes that map the same arena (shared memory, no payload copies over
-pipes), ``torch`` in one thread driving batched ZVC kernels on a GPU or the CPU.
+pipes), ``torch`` in launch threads driving batched ZVC kernels on a GPU or the CPU.
 """
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
     else:
         from carina.infra.storage.torch_engine import TorchEngine
 
-        engine = TorchEngine(arena_bytes, device=config.device)
+        engine = TorchEngine(arena_bytes, device=config.device, workers=config.workers)
     reasons = engine.unsupported_reasons(codec)
     if reasons:
         engine.close()
