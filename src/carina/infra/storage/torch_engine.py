@@ -53,7 +53,8 @@ class TorchEngine(PayloadEngine):
         super().__init__(Arena(arena_bytes))
         self.device = device
         self.workers = self.pieces = workers
-        self._batcher: ZvcBatcher | None = ZvcBatcher(self.arena.view, device, raw_reads=True)
+        # raw blocks go to the device too when it is a GPU (payloads bypass the host); on the CPU zlib does them
+        self._batcher: ZvcBatcher | None = ZvcBatcher(self.arena.view, device, raw_reads=self.cuda)
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="carina-torch-codec")
         self._pool.submit(self._warm_up).result()

@@ -27,8 +27,8 @@ def _torch() -> Any:
 
 def zvc_compress(blocks: Any) -> tuple[Any, Any, Any]:
     """Compress a ``(n, L)`` uint8 tensor; return ``(bitmaps (n, L/8), counts (n,), values)``."""
-    bitmaps, counts, mask = _bitmaps(blocks)
-    return bitmaps, counts, blocks[mask]
+    mask = blocks != 0
+    return _bitmap(mask), mask.sum(1), blocks[mask]
 
 
 def zvc_decompress(bitmaps: Any, values: Any) -> Any:
@@ -47,32 +47,34 @@ def pack_rows(rows: Any) -> tuple[Any, Any, Any]:
     Returns ``(packed (n, L), codec (n,), size (n,))``: a row that shrinks holds
     its bitmap and non-zero bytes (zeros after ``size``) with codec ZVC; a row
     that does not shrink is copied raw (codec RAW, size ``L``); an all-zero row
-    is a hole (codec RAW, size 0, all zero).
+    is a hole (codec RAW, size 0, all zero). No step depends on a value read
+    back from the device, so a batch is launched without a synchronisation.
     """
     torch = _torch()
     n, length = rows.shape
     head = length // 8
-    bitmaps, counts, mask = _bitmaps(rows)
-    pos = head + mask.cumsum(1) - 1
-    keep = mask & (pos < length)
-    out = torch.zeros((n, length + 1), dtype=torch.uint8, device=rows.device)  # column L: where dropped bytes go
-    out.scatter_(1, torch.where(keep, pos, length), rows)
-    out[:, :head] = bitmaps
+    mask = rows != 0
+    cum = mask.cumsum(1, dtype=torch.int32)  # non-zero bytes up to and including each position
+    counts = cum[:, -1].to(torch.int64)
+    # byte j goes to head + (its rank among non-zero bytes); zeros and bytes past the row go to column L
+    target = torch.where(mask, cum + (head - 1), length).clamp_(max=length)
+    out = torch.zeros((n, length + 1), dtype=torch.uint8, device=rows.device)
+    out.scatter_(1, target.to(torch.int64), rows)
+    out[:, :head] = _bitmap(mask)
     size = head + counts
     raw = size >= length
-    packed = torch.where(raw.unsqueeze(1), rows, out[:, :length])
+    packed = rows * raw.unsqueeze(1) + out[:, :length] * ~raw.unsqueeze(1)
     size = torch.where(counts == 0, 0, torch.where(raw, length, size))
     codec = torch.where(raw | (counts == 0), int(Codec.RAW), int(Codec.ZVC))
     return packed, codec, size
 
 
-def _bitmaps(rows: Any) -> tuple[Any, Any, Any]:
+def _bitmap(mask: Any) -> Any:
+    """``(n, L)`` bool -> ``(n, L/8)`` uint8, bit ``j`` of byte ``k`` = position ``8k+j``."""
     torch = _torch()
-    n, length = rows.shape
-    mask = rows != 0
-    weights = (1 << torch.arange(8, device=rows.device, dtype=torch.int32)).to(torch.uint8)
-    bitmaps = (mask.view(n, length // 8, 8).to(torch.uint8) * weights).sum(-1, dtype=torch.uint8)
-    return bitmaps, mask.sum(1), mask
+    n, length = mask.shape
+    weights = (1 << torch.arange(8, device=mask.device, dtype=torch.int32)).to(torch.uint8)
+    return (mask.view(n, length // 8, 8).to(torch.uint8) * weights).sum(-1, dtype=torch.uint8)
 
 
 def unpack_rows(rows: Any, codec: Any, size: Any) -> tuple[Any, Any]:
@@ -80,20 +82,21 @@ def unpack_rows(rows: Any, codec: Any, size: Any) -> tuple[Any, Any]:
 
     Returns ``(blocks (n, L), ok (n,))``: ``ok`` is False for a ZVC row whose
     bitmap does not match its size and for a RAW row that is not ``L`` bytes;
-    such rows decode to zeros.
+    such rows decode to zeros. Each byte gathers its value by its rank among
+    the row's non-zero bytes, so nothing is read back from the device and a
+    batch launches without a synchronisation.
     """
     torch = _torch()
     n, length = rows.shape
     head = length // 8
     shifts = torch.arange(8, device=rows.device, dtype=torch.uint8)
     mask = ((rows[:, :head].unsqueeze(-1) >> shifts) & 1).bool().view(n, length)
-    counts = mask.sum(1)
+    cum = mask.cumsum(1, dtype=torch.int32)
     is_raw = codec == int(Codec.RAW)
-    ok = torch.where(is_raw, size == length, (size >= head) & (counts == size - head))
-    idx = (head + mask.cumsum(1) - 1).clamp_(0, length - 1)
-    decoded = torch.where(mask, rows.gather(1, idx), 0)
-    out = torch.where(is_raw.unsqueeze(1), rows, decoded)
-    return torch.where(ok.unsqueeze(1), out, 0), ok
+    ok = torch.where(is_raw, size == length, (size >= head) & (cum[:, -1] == size - head))
+    idx = (cum + (head - 1)).clamp_(0, length - 1).to(torch.int64)
+    decoded = rows.gather(1, idx) * (mask & (ok & ~is_raw).unsqueeze(1))
+    return decoded + rows * (ok & is_raw).unsqueeze(1), ok
 
 
 def run_zvc_jobs(mv: memoryview, jobs: Sequence[Job], *, device: str = "cpu") -> list[Result]:
