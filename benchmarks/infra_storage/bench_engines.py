@@ -57,8 +57,12 @@ def _measure(args: argparse.Namespace, data: dict[int, bytes]) -> list[dict[str,
                 zvc = [(f"torch-{args.torch_device}x{w}", EngineConfig(kind=EngineKind.TORCH, device=args.torch_device,
                         workers=int(w))) for w in args.torch_workers.split(",")]  # fmt: skip
                 for label, cfg in [*zvc, ("inline", EngineConfig(kind=EngineKind.INLINE))]:
-                    r = engine_rate(cfg, Codec.ZVC, data[block], block=block, batch=max(1, args.request // block),
-                                    streams=args.streams, seconds=args.seconds)  # fmt: skip
+                    try:  # a failing GPU engine must not take the CPU rows of this run with it
+                        r = engine_rate(cfg, Codec.ZVC, data[block], block=block, batch=max(1, args.request // block),
+                                        streams=args.streams, seconds=args.seconds)  # fmt: skip
+                    except Exception as exc:  # reported, the run goes on
+                        print(f"!! {label} zvc {block}: {exc!r}", flush=True)
+                        continue
                     rows.append({"round": rnd, "system": label, "load1": os.getloadavg()[0], **r})
                     print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}),
                           flush=True)  # fmt: skip

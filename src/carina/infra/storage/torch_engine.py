@@ -85,11 +85,12 @@ class TorchEngine(PayloadEngine):
 
         assert self._batcher is not None
         host = self._batcher.host
+        err: object = None
         try:
             err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.numel(), 0)
-            ok = int(err) == 0
         except (AttributeError, RuntimeError, TypeError) as exc:
-            ok, err = False, exc
+            err = exc
+        ok = bool(host.is_pinned())  # what the driver says, whatever the binding returned
         if not ok:
             log.warning("cudaHostRegister of the %d-byte arena failed (%s): copies use pageable memory",
                         host.numel(), err)  # fmt: skip
