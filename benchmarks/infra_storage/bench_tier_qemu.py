@@ -3,7 +3,8 @@
 Systems, all started at once per block size: ``torch`` (the GPU engine, ZVC), ``inline`` (the CPU middle tier:
 header and payload in one process, ``--codec``), ``thread`` (``--workers`` codec threads), ``forward`` (codec raw:
 the tier with no payload work, the ceiling of any engine end to end). Loads: fill (``qemu-img convert``, 16 in
-flight), reads and writes at queue depth 32 (``qemu-img bench``; its writes carry a constant pattern byte).
+flight; then ``qemu-img compare`` checks every export bit-exact), reads and writes at queue depth 32
+(``qemu-img bench``; its writes carry a constant pattern byte).
 Data: Python sources and shared libraries, all-zero blocks dropped (every block exercises the codec).
 
 Run: python benchmarks/infra_storage/bench_tier_qemu.py --device cuda [--qemu-img PATH]
@@ -50,6 +51,15 @@ def figures(rows: list[dict[str, Any]], main: str, base: str) -> list[Figure]:
                 out.append(Figure(name=f"{main}_vs_{base}_{op}_{lab}", value=got[main][key] / got[base][key], unit="x",
                                   ceiling=fwd[key] / got[base][key] if fwd else None,
                                   ceiling_source=f"forward (no payload work) over {base}, this run"))  # fmt: skip
+        out.append(
+            Figure(
+                name=f"verified_{lab}",
+                value=min(r["fill_verified"] for r in got.values()),
+                unit="bool",
+                ceiling=1.0,
+                ceiling_source="qemu-img compare of every export with the data set after fill",
+            )
+        )
         out.append(Figure(name=f"ratio_{lab}", value=got[main]["fill_ratio"], unit="x",
                           peers={s: r["fill_ratio"] for s, r in got.items() if s != main}))  # fmt: skip
     return out

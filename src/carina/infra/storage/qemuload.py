@@ -7,7 +7,8 @@ started at once, then each client load runs on every system in turn (order
 rotated per round, so drifting load hits all alike):
 
 * ``fill``: ``qemu-img convert -n -m 16 -W`` writes the data set (16 requests in
-  flight, qemu-img's most; up to 2 MiB each, out of order);
+  flight, qemu-img's most; up to 2 MiB each, out of order), then ``qemu-img
+  compare`` reads the export back against it (``fill_verified``: 1.0 = bit-exact);
 * ``read``: ``qemu-img bench -d 32 -s B`` reads the filled export at queue depth
   32 (sequential offsets, wrapping), sized to run about ``seconds``;
 * ``write_const``: ``qemu-img bench -w -d 32 -s B``, queue depth 32; its payload
@@ -146,8 +147,11 @@ def _fill(cfg: QemuLoadConfig, server: _Server, image: Path) -> dict[str, float]
     nbytes = image.stat().st_size
     from carina.infra.storage.store import read_store_summary
 
-    return {"mb_s": nbytes / wall / 1e6, "cpu_s_per_gb": cpu / (nbytes / 1e9),
-            "ratio": float(read_store_summary(server.store)["ratio"])}  # fmt: skip
+    same = subprocess.run([cfg.qemu_img, "compare", "-q", "-f", "raw", "-F", "raw", str(image), server.url],
+                          capture_output=True, text=True)  # fmt: skip
+    ratio = float(read_store_summary(server.store)["ratio"])
+    return {"mb_s": nbytes / wall / 1e6, "cpu_s_per_gb": cpu / (nbytes / 1e9), "ratio": ratio,
+            "verified": float(same.returncode == 0)}  # fmt: skip
 
 
 def _median(values: list[float]) -> float:
