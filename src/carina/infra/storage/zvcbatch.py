@@ -123,7 +123,7 @@ class ZvcBatcher:
                 blocks, res = _unpack(rows, meta, crc)
             for r, k, _, dst in runs:
                 self.host[dst : dst + k * length].view(k, length).copy_(blocks[r : r + k], non_blocking=True)
-            return res.cpu().numpy()  # waits for this stream: the downloads are done too
+            return _read_back(res)
 
     def _source(self, src: int, rows: int, length: int) -> Any:
         """The arena's ``rows`` blocks from ``src`` as a ``(rows, length)`` tensor (zero-padded past the end)."""
@@ -135,6 +135,25 @@ class ZvcBatcher:
         padded = torch.zeros(rows * length, dtype=torch.uint8)
         padded[: len(self.arena) - src] = self.host[src:]
         return padded.view(rows, length)
+
+
+def _read_back(res: Any) -> np.ndarray:
+    """The results on the host, once everything queued before them on this stream (the downloads) is done.
+
+    On CUDA the wait is a blocking event (the thread sleeps instead of
+    spinning in ``cudaStreamSynchronize``), so a launch thread waiting for the
+    GPU does not use up a host core.
+    """
+    if not res.is_cuda:
+        return np.asarray(res.numpy())
+    import torch
+
+    host = torch.empty(res.shape, dtype=res.dtype, pin_memory=True)
+    host.copy_(res, non_blocking=True)
+    done = torch.cuda.Event(blocking=True)
+    done.record()
+    done.synchronize()
+    return np.asarray(host.numpy())
 
 
 def _host_crc32(rows: Any, lengths: Any) -> Any:
