@@ -36,36 +36,49 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
     return out
 
 
-def _measure(args: argparse.Namespace, data: dict[int, bytes]) -> list[dict[str, Any]]:
+def _row(rows: list[dict[str, Any]], rnd: int, label: str, r: dict[str, Any]) -> None:
+    rows.append({"round": rnd, "system": label, "load1": os.getloadavg()[0], **r})
+    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}), flush=True)
+
+
+def _case(args: argparse.Namespace, data: bytes, codec: str, block: int, rnd: int) -> list[dict[str, Any]]:
+    """Every configuration of one codec and block size, once."""
     rows: list[dict[str, Any]] = []
+    batch = max(1, args.request // block)
+    if codec != "zvc":
+        for label, cfg in _configs(args):
+            r = engine_rate(cfg, Codec[codec.upper()], data, block=block, batch=batch, streams=args.streams,
+                            seconds=args.seconds)  # fmt: skip
+            _row(rows, rnd, label, r)
+        return rows
+    if not args.torch_device:  # zvc runs on the torch engine (and, as the same codec on the CPU, inline)
+        return rows
+    zvc = [(f"torch-{args.torch_device}x{w}", EngineConfig(kind=EngineKind.TORCH, device=args.torch_device,
+            workers=int(w))) for w in args.torch_workers.split(",")]  # fmt: skip
+    for label, cfg in [*zvc, ("inline", EngineConfig(kind=EngineKind.INLINE))]:
+        try:  # a failing GPU engine must not take the CPU rows of this run with it
+            r = engine_rate(cfg, Codec.ZVC, data, block=block, batch=batch, streams=args.streams, seconds=args.seconds)
+        except Exception as exc:  # reported, the run goes on
+            print(f"!! {label} zvc {block}: {exc!r}", flush=True)
+            continue
+        _row(rows, rnd, label, r)
+    return rows
+
+
+def _measure(args: argparse.Namespace, data: dict[int, bytes], on_case: Any = None) -> list[dict[str, Any]]:
+    """All cases, block size by block size in the order given, zvc (the GPU) first; ``on_case(rows)`` after each."""
     from carina.infra.storage.codecs import codec_available
 
     codecs = [c for c in args.codecs.split(",") if c == "zvc" or not codec_available(Codec[c.upper()])]
     for c in set(args.codecs.split(",")) - set(codecs):
         print(f"skipping {c}: {codec_available(Codec[c.upper()])}", flush=True)
-    cases = [(c, b) for c in codecs for b in data]
+    cases = [(c, b) for b in data for c in sorted(codecs, key=lambda c: c != "zvc")]
+    rows: list[dict[str, Any]] = []
     for rnd in range(args.rounds):  # every configuration once per round: load drift hits all alike
         for codec, block in cases:
-            for label, cfg in _configs(args) if codec != "zvc" else []:  # zvc runs on the torch engine only
-                batch = max(1, args.request // block)
-                r = engine_rate(cfg, Codec[codec.upper()], data[block], block=block, batch=batch,
-                                streams=args.streams, seconds=args.seconds)  # fmt: skip
-                rows.append({"round": rnd, "system": label, "load1": os.getloadavg()[0], **r})
-                print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}),
-                      flush=True)  # fmt: skip
-            if args.torch_device and codec == "zvc":
-                zvc = [(f"torch-{args.torch_device}x{w}", EngineConfig(kind=EngineKind.TORCH, device=args.torch_device,
-                        workers=int(w))) for w in args.torch_workers.split(",")]  # fmt: skip
-                for label, cfg in [*zvc, ("inline", EngineConfig(kind=EngineKind.INLINE))]:
-                    try:  # a failing GPU engine must not take the CPU rows of this run with it
-                        r = engine_rate(cfg, Codec.ZVC, data[block], block=block, batch=max(1, args.request // block),
-                                        streams=args.streams, seconds=args.seconds)  # fmt: skip
-                    except Exception as exc:  # reported, the run goes on
-                        print(f"!! {label} zvc {block}: {exc!r}", flush=True)
-                        continue
-                    rows.append({"round": rnd, "system": label, "load1": os.getloadavg()[0], **r})
-                    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}),
-                          flush=True)  # fmt: skip
+            rows += _case(args, data[block], codec, block, rnd)
+            if on_case is not None:
+                on_case(rows)
     return rows
 
 
@@ -215,28 +228,34 @@ def main() -> None:
     load0, t0 = os.getloadavg(), time.time()
     cores = [available_cores(0.5)]
     pcie = pcie_rates(args.torch_device) if args.torch_device else {}
-    rows = _measure(args, data)
+    main_sys = args.main or f"{args.pools.split(',')[0]}x{max(int(w) for w in args.workers.split(','))}"
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        """Write the record with what has run so far (after every case: a timeout keeps what finished)."""
+        if args.no_record:
+            return
+        after = f"{cores[1]:.2f} after" if len(cores) > 1 else "(run cut short or still running: no after)"
+        notes = (
+            f"Payload engines alone, in one process (no NBD, no client): {args.streams} batches of {args.request} B "
+            f"in flight, interleaved rounds, median. Data: Python sources and shared libraries (60/40), all-zero "
+            f"blocks dropped. {os.cpu_count()} CPUs; load average {[round(x, 1) for x in load0]} -> "
+            f"{[round(x, 1) for x in os.getloadavg()]} over {time.time() - t0:.0f} s (other jobs shared the "
+            f"machine); {os.cpu_count()} busy-looping processes got {cores[0]:.2f} cores before and {after}."
+        )
+        record = make_record(
+            name=args.name,
+            figures=[_cores_figure(cores), *gpu_vs_cpu_tier(rows, pcie), *figures(rows, main_sys)],
+            config=vars(args),
+            command=["python", *sys.argv],
+            metrics={"rows": rows, "main": main_sys, "available_cores": cores, "pcie": pcie},
+            notes=notes,
+        )
+        print("record:", write_record(record), flush=True)
+
+    rows = _measure(args, data, on_case=save)
     cores.append(available_cores(0.5))
     print(f"available cores before/after: {cores[0]:.2f} / {cores[1]:.2f} of {os.cpu_count()}", flush=True)
-    main_sys = args.main or f"{args.pools.split(',')[0]}x{max(int(w) for w in args.workers.split(','))}"
-    notes = (
-        f"Payload engines alone, in one process (no NBD, no client): {args.streams} batches of {args.request} B "
-        f"in flight, interleaved rounds, median. Data: Python sources and shared libraries (60/40), all-zero "
-        f"blocks dropped. {os.cpu_count()} CPUs; load average {[round(x, 1) for x in load0]} -> "
-        f"{[round(x, 1) for x in os.getloadavg()]} over {time.time() - t0:.0f} s (other jobs shared the machine); "
-        f"{os.cpu_count()} busy-looping processes got {cores[0]:.2f} cores before and {cores[1]:.2f} after the run."
-    )
-    if args.no_record:
-        return
-    record = make_record(
-        name=args.name,
-        figures=[_cores_figure(cores), *gpu_vs_cpu_tier(rows, pcie), *figures(rows, main_sys)],
-        config=vars(args),
-        command=["python", *sys.argv],
-        metrics={"rows": rows, "main": main_sys, "available_cores": cores, "pcie": pcie},
-        notes=notes,
-    )
-    print("record:", write_record(record))
+    save(rows)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ CODECS=zlib,zvc
 "$PYTHON" -c "import lz4.block" 2>/dev/null && CODECS=zlib,lz4,zvc
 
 step smoke 3 10 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py --device "$DEVICE"
-step engines 35 60 "$PYTHON" benchmarks/infra_storage/bench_engines.py --codecs "$CODECS" --blocks 4K,64K \
+step engines 35 60 "$PYTHON" benchmarks/infra_storage/bench_engines.py --codecs "$CODECS" --blocks 64K,4K \
   --pools thread,process --request 256K --streams 32 --torch-device "$DEVICE" --rounds 1 "${ENG[@]}" \
   --name infra_storage_engines_h200
 step gpu_codec 8 15 "$PYTHON" benchmarks/infra_storage/bench_gpu_codec.py --device "$DEVICE" --blocks 4K,64K \
