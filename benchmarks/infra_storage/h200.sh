@@ -22,6 +22,7 @@
 # Carried (optional, DEBS=.debs-storage, 8 MB, git-ignored): qemu-utils and its libraries as Debian 12 .deb files
 # (unpacked with dpkg-deb -x into /tmp, run through a wrapper with LD_LIBRARY_PATH) and the lz4 wheel for Python 3.12
 # (unzipped into /tmp, on PYTHONPATH). Without it: step 3 is skipped unless qemu-img is installed, and LZ4 is skipped.
+# Build the folder in the checkout that the device call sends: bash benchmarks/infra_storage/fetch_h200_carry.sh
 # nvCOMP is not installed there, so ZVC is the only GPU codec; the records say so.
 # Usage (repository root): OUT=<dir> bash benchmarks/infra_storage/h200.sh
 # CPU proof with tiny sizes: DEVICE=cpu PYTHON=/work/main/.venv/bin/python OUT=/tmp/storage_out bash benchmarks/...
