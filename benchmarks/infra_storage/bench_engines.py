@@ -161,6 +161,8 @@ def gpu_vs_cpu_tier(rows: list[dict[str, Any]], pcie: dict[str, float]) -> list[
                 mine = {s: _median([r for r in cpu if (r["system"], r["codec"]) == (s, codec)], key)
                         for s in sorted({r["system"] for r in cpu if r["codec"] == codec})}  # fmt: skip
                 fair = {s: v for s, v in mine.items() if _workers(s) <= cores}
+                if not fair:  # a record cut short may lack them
+                    continue
                 base_sys = max(fair, key=fair.__getitem__)
                 base = fair[base_sys]
                 out.append(Figure(
