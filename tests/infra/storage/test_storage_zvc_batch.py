@@ -132,6 +132,7 @@ def test_torch_engine_with_several_launch_threads_matches_inline_both_ways() -> 
     b, n = 4096, 24
     blocks = [_block(rng, b, d) for d in np.linspace(0, 1, n)]
     inline, engine = InlineEngine(4 * n * b), TorchEngine(4 * n * b, device="cpu", workers=3)
+    engine.min_piece_bytes = 0  # cut even this small turn into three pieces, one per launch thread
 
     async def go(eng) -> tuple[list, list]:  # type: ignore[no-untyped-def]
         for i, blk in enumerate(blocks):

@@ -90,6 +90,8 @@ class PayloadEngine(Backend):
     pieces = 1
     #: Fewest jobs worth a piece of their own.
     min_jobs = 1
+    #: Fewest payload bytes worth a piece of their own (a GPU launch sequence costs the same for 4 KiB or 4 MiB).
+    min_piece_bytes = 0
 
     def __init__(self, arena: Arena) -> None:
         self.arena = arena
@@ -135,7 +137,8 @@ class PayloadEngine(Backend):
             spans.append((fut, pos, pos + len(jobs)))
             pos += len(jobs)
         results: list[Result] = [(0, 0, 0)] * len(flat)
-        pieces = _split(len(flat), self.pieces, self.min_jobs)
+        block = max(flat[0][3] if flat[0][0] == 0 else flat[0][5], 1)
+        pieces = _split(len(flat), self.pieces, max(self.min_jobs, self.min_piece_bytes // block))
         waits = [sum(1 for a, b in pieces if a < stop and start < b) for _, start, stop in spans]
         for a, b in pieces:
             members = [i for i, (_, start, stop) in enumerate(spans) if a < stop and start < b]

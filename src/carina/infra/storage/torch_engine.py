@@ -1,6 +1,7 @@
 """The ``torch`` payload engine: batched ZVC kernels and CRCs on a GPU (or the CPU), several launches in flight.
 
-Each loop turn's jobs are cut into up to ``workers`` pieces; each piece runs
+Each loop turn's jobs are cut into up to ``workers`` pieces of at least 1 MiB
+of payload (a launch sequence costs about the same for 4 KiB or 4 MiB); each piece runs
 in a launch thread of its own, on that thread's CUDA stream, through
 :class:`~carina.infra.storage.zvcbatch.ZvcBatcher` (one host-to-device copy per
 run of blocks, one kernel sequence per block length, one device-to-host copy
@@ -42,6 +43,7 @@ class TorchEngine(PayloadEngine):
     """
 
     name = "torch"
+    min_piece_bytes = 1 << 20  # a loop turn of less than 2 MiB is not cut up: fewer, fuller launches
 
     def __init__(self, arena_bytes: int, *, device: str = "auto", workers: int = 2) -> None:
         import torch
