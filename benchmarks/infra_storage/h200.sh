@@ -35,6 +35,7 @@ REC="$OUT/storage"
 mkdir -p "$REC"
 exec > >(tee "$REC/storage_h200.log") 2>&1
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$REC"
+[ -f .device-commit ] && export CARINA_SOURCE_COMMIT=$(cat .device-commit)  # the commit a copied tree holds
 if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine (a loaded 2-core box is slow)
   BUDGET_S=${BUDGET_S:-900}; M=6
   ENG=(--workers 1,2 --process-workers 2 --torch-workers 1,2 --data 2M --seconds 0.2)
