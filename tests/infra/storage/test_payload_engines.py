@@ -151,3 +151,28 @@ def test_a_request_completes_with_its_own_piece_not_the_whole_batch() -> None:
         engine.close()
 
     asyncio.run(go())
+
+
+def test_pieces_hold_at_least_min_piece_bytes_of_payload() -> None:
+    from carina.infra.storage.engines import Arena, PayloadEngine
+
+    class Manual(PayloadEngine):
+        pieces = 4
+        min_piece_bytes = 4 * B
+
+        def __init__(self) -> None:
+            super().__init__(Arena(1 << 16))
+            self.sizes: list[int] = []
+
+        def _launch(self, jobs, done) -> None:  # type: ignore[no-untyped-def]
+            self.sizes.append(len(jobs))
+            done([(0, 0, 0)] * len(jobs))
+
+    async def go(engine: Manual, n: int) -> None:
+        await asyncio.gather(*(engine.run([(Op.COMPRESS, Codec.RAW, 0, B, B, B, 0)]) for _ in range(n)))
+
+    engine = Manual()
+    asyncio.run(go(engine, 6))  # 6 blocks: one piece (two would hold fewer than 4 blocks each)
+    asyncio.run(go(engine, 16))  # 16 blocks: four pieces of four
+    assert engine.sizes == [6, 4, 4, 4, 4]
+    engine.close()

@@ -49,7 +49,7 @@ def serve(
     block_size: Annotated[str, typer.Option(help="Compression block size.")] = "64K",
     codec: Annotated[str, typer.Option(help="raw, zlib, lz4, zstd or zvc.")] = "lz4",
     engine: Annotated[str, typer.Option(help="Payload engine: inline, thread, process or torch.")] = "process",
-    workers: Annotated[int, typer.Option(help="Threads (thread engine) or worker processes (process engine).")] = 2,
+    workers: Annotated[int, typer.Option(help="Threads, worker processes or launch threads (torch).")] = 2,
     device: Annotated[str, typer.Option(help="Torch engine device (auto, cpu, cuda).")] = "auto",
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks one).")] = 10809,

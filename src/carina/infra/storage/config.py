@@ -111,7 +111,8 @@ class EngineConfig(Config):
 
     Attributes:
         kind: ``inline``, ``thread``, ``process`` or ``torch``.
-        workers: Threads of the ``thread`` engine, worker processes of the ``process`` engine.
+        workers: Threads of the ``thread`` engine, worker processes of the ``process`` engine, launch
+            threads (each with its own CUDA stream) of the ``torch`` engine.
         device: Torch device of the ``torch`` engine (``auto``: CUDA when present, else CPU).
     """
 

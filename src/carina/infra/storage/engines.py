@@ -14,7 +14,7 @@ tier), ``thread`` in a pool of threads of the same process (zlib, lz4 and zstd
 release the GIL while they compress, so the threads run in parallel with each
 other and with the event loop; no pipes, no pickling), ``process`` in worker
 processes that map the same arena (shared memory, no payload copies over
-pipes), ``torch`` in one thread driving batched ZVC kernels on a GPU or the CPU.
+pipes), ``torch`` in launch threads driving batched ZVC kernels on a GPU or the CPU.
 """
 
 from __future__ import annotations
@@ -90,6 +90,8 @@ class PayloadEngine(Backend):
     pieces = 1
     #: Fewest jobs worth a piece of their own.
     min_jobs = 1
+    #: Fewest payload bytes worth a piece of their own (a GPU launch sequence costs the same for 4 KiB or 4 MiB).
+    min_piece_bytes = 0
 
     def __init__(self, arena: Arena) -> None:
         self.arena = arena
@@ -135,7 +137,8 @@ class PayloadEngine(Backend):
             spans.append((fut, pos, pos + len(jobs)))
             pos += len(jobs)
         results: list[Result] = [(0, 0, 0)] * len(flat)
-        pieces = _split(len(flat), self.pieces, self.min_jobs)
+        block = max(flat[0][3] if flat[0][0] == 0 else flat[0][5], 1)
+        pieces = _split(len(flat), self.pieces, max(self.min_jobs, self.min_piece_bytes // block))
         waits = [sum(1 for a, b in pieces if a < stop and start < b) for _, start, stop in spans]
         for a, b in pieces:
             members = [i for i, (_, start, stop) in enumerate(spans) if a < stop and start < b]
@@ -374,7 +377,7 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
     else:
         from carina.infra.storage.torch_engine import TorchEngine
 
-        engine = TorchEngine(arena_bytes, device=config.device)
+        engine = TorchEngine(arena_bytes, device=config.device, workers=config.workers)
     reasons = engine.unsupported_reasons(codec)
     if reasons:
         engine.close()

@@ -11,16 +11,12 @@ fall back to raw).
 
 from __future__ import annotations
 
-import zlib
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+from carina.infra.storage.codecs import Codec, Job, Result
 
-from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Job, Result
-
-__all__ = ["run_zvc_jobs", "zvc_compress", "zvc_decompress"]
+__all__ = ["pack_rows", "run_zvc_jobs", "unpack_rows", "zvc_compress", "zvc_decompress"]
 
 
 def _torch() -> Any:
@@ -31,12 +27,8 @@ def _torch() -> Any:
 
 def zvc_compress(blocks: Any) -> tuple[Any, Any, Any]:
     """Compress a ``(n, L)`` uint8 tensor; return ``(bitmaps (n, L/8), counts (n,), values)``."""
-    torch = _torch()
-    n, length = blocks.shape
     mask = blocks != 0
-    weights = (1 << torch.arange(8, device=blocks.device, dtype=torch.int32)).to(torch.uint8)
-    bitmaps = (mask.view(n, length // 8, 8).to(torch.uint8) * weights).sum(-1, dtype=torch.uint8)
-    return bitmaps, mask.sum(1), blocks[mask]
+    return _bitmap(mask), mask.sum(1), blocks[mask]
 
 
 def zvc_decompress(bitmaps: Any, values: Any) -> Any:
@@ -49,88 +41,66 @@ def zvc_decompress(bitmaps: Any, values: Any) -> Any:
     return out.masked_scatter_(mask, values)
 
 
-def _rows(arena: np.ndarray, offsets: Sequence[int], length: int, device: str) -> Any:
-    """The blocks at ``offsets`` as one ``(n, length)`` tensor on ``device``.
+def pack_rows(rows: Any) -> tuple[Any, Any, Any]:
+    """ZVC-encode each row of ``(n, L)`` uint8 ``rows`` in place of its block, all rows in one launch sequence.
 
-    Blocks of one request lie back to back in its slot; then the arena itself is
-    viewed (no gather copy) and copied once into pinned memory for the DMA.
+    Returns ``(packed (n, L), codec (n,), size (n,))``: a row that shrinks holds
+    its bitmap and non-zero bytes (zeros after ``size``) with codec ZVC; a row
+    that does not shrink is copied raw (codec RAW, size ``L``); an all-zero row
+    is a hole (codec RAW, size 0, all zero). No step depends on a value read
+    back from the device, so a batch is launched without a synchronisation.
     """
     torch = _torch()
-    first, n = offsets[0], len(offsets)
-    if all(o == first + k * length for k, o in enumerate(offsets)):
-        rows = arena[first : first + n * length].reshape(n, length)
-        if device == "cpu":
-            return torch.from_numpy(rows.copy())
-        return torch.from_numpy(rows).pin_memory().to(device, non_blocking=True)
-    host = torch.from_numpy(np.stack([arena[o : o + length] for o in offsets]))
-    if device != "cpu":
-        host = host.pin_memory().to(device, non_blocking=True)
-    return host
-
-
-def _compress_group(arena: np.ndarray, mv: memoryview, jobs: Sequence[Job], device: str) -> list[Result]:
-    length = jobs[0][3]
-    bitmaps, counts, values = zvc_compress(_rows(arena, [j[2] for j in jobs], length, device))
-    bitmaps, counts, values = bitmaps.cpu().numpy(), counts.cpu().numpy(), values.cpu().numpy()
+    n, length = rows.shape
     head = length // 8
-    results: list[Result] = []
-    start = 0
-    for i, (_, _, so, sl, do, _, _) in enumerate(jobs):
-        count = int(counts[i])
-        size = head + count
-        if count == 0:
-            results.append((Codec.RAW, 0, 0))
-        elif size >= sl:
-            mv[do : do + sl] = mv[so : so + sl]
-            results.append((Codec.RAW, sl, zlib.crc32(mv[do : do + sl])))
-        else:
-            arena[do : do + head] = bitmaps[i]
-            arena[do + head : do + size] = values[start : start + count]
-            results.append((Codec.ZVC, size, zlib.crc32(mv[do : do + size])))
-        start += count
-    return results
+    mask = rows != 0
+    cum = mask.cumsum(1, dtype=torch.int32)  # non-zero bytes up to and including each position
+    counts = cum[:, -1].to(torch.int64)
+    # byte j goes to head + (its rank among non-zero bytes); zeros and bytes past the row go to column L
+    target = torch.where(mask, cum + (head - 1), length).clamp_(max=length)
+    out = torch.zeros((n, length + 1), dtype=torch.uint8, device=rows.device)
+    out.scatter_(1, target.to(torch.int64), rows)
+    out[:, :head] = _bitmap(mask)
+    size = head + counts
+    raw = size >= length
+    packed = rows * raw.unsqueeze(1) + out[:, :length] * ~raw.unsqueeze(1)
+    size = torch.where(counts == 0, 0, torch.where(raw, length, size))
+    codec = torch.where(raw | (counts == 0), int(Codec.RAW), int(Codec.ZVC))
+    return packed, codec, size
 
 
-def _decompress_group(arena: np.ndarray, mv: memoryview, jobs: Sequence[Job], device: str) -> list[Result]:
+def _bitmap(mask: Any) -> Any:
+    """``(n, L)`` bool -> ``(n, L/8)`` uint8, bit ``j`` of byte ``k`` = position ``8k+j``."""
     torch = _torch()
-    length = jobs[0][5]
+    n, length = mask.shape
+    weights = (1 << torch.arange(8, device=mask.device, dtype=torch.int32)).to(torch.uint8)
+    return (mask.view(n, length // 8, 8).to(torch.uint8) * weights).sum(-1, dtype=torch.uint8)
+
+
+def unpack_rows(rows: Any, codec: Any, size: Any) -> tuple[Any, Any]:
+    """Decode stored rows (``size`` bytes of each ``(n, L)`` row are data, the rest must be zero).
+
+    Returns ``(blocks (n, L), ok (n,))``: ``ok`` is False for a ZVC row whose
+    bitmap does not match its size and for a RAW row that is not ``L`` bytes;
+    such rows decode to zeros. Each byte gathers its value by its rank among
+    the row's non-zero bytes, so nothing is read back from the device and a
+    batch launches without a synchronisation.
+    """
+    torch = _torch()
+    n, length = rows.shape
     head = length // 8
-    results: list[Result] = [(Codec.ZVC, ERR_CORRUPT, 0)] * len(jobs)
-    good: list[int] = []
-    for i, (_, _, so, sl, _, _, crc) in enumerate(jobs):
-        if zlib.crc32(mv[so : so + sl]) != crc:
-            results[i] = (Codec.ZVC, ERR_CHECKSUM, 0)
-        elif sl >= head:
-            bits = np.unpackbits(arena[so : so + head], bitorder="little")
-            if int(bits.sum()) == sl - head:
-                good.append(i)
-    if not good:
-        return results
-    bitmaps = _rows(arena, [jobs[i][2] for i in good], head, device)
-    values = torch.from_numpy(np.concatenate([arena[jobs[i][2] + head : jobs[i][2] + jobs[i][3]] for i in good]))
-    out = zvc_decompress(bitmaps, values.to(bitmaps.device)).cpu().numpy()
-    for row, i in enumerate(good):
-        do = jobs[i][4]
-        arena[do : do + length] = out[row]
-        results[i] = (Codec.ZVC, length, jobs[i][6])
-    return results
+    shifts = torch.arange(8, device=rows.device, dtype=torch.uint8)
+    mask = ((rows[:, :head].unsqueeze(-1) >> shifts) & 1).bool().view(n, length)
+    cum = mask.cumsum(1, dtype=torch.int32)
+    is_raw = codec == int(Codec.RAW)
+    ok = torch.where(is_raw, size == length, (size >= head) & (cum[:, -1] == size - head))
+    idx = (cum + (head - 1)).clamp_(0, length - 1).to(torch.int64)
+    decoded = rows.gather(1, idx) * (mask & (ok & ~is_raw).unsqueeze(1))
+    return decoded + rows * (ok & is_raw).unsqueeze(1), ok
 
 
 def run_zvc_jobs(mv: memoryview, jobs: Sequence[Job], *, device: str = "cpu") -> list[Result]:
-    """Run ZVC jobs on ``device``, batching jobs of equal block length into one launch each."""
-    arena = np.frombuffer(mv, dtype=np.uint8)
-    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for i, job in enumerate(jobs):
-        groups[(job[0], job[3] if job[0] == 0 else job[5])].append(i)
-    results: list[Result | None] = [None] * len(jobs)
-    for (op, length), idx in groups.items():
-        batch = [jobs[i] for i in idx]
-        if length % 8:
-            out: list[Result] = [(Codec.ZVC, ERR_CORRUPT, 0)] * len(batch)
-        elif op == 0:
-            out = _compress_group(arena, mv, batch, device)
-        else:
-            out = _decompress_group(arena, mv, batch, device)
-        for i, res in zip(idx, out, strict=True):
-            results[i] = res
-    return [r for r in results if r is not None]
+    """Run ZVC jobs on ``device``: jobs of equal block length go to the device as one batch each."""
+    from carina.infra.storage.zvcbatch import ZvcBatcher
+
+    return ZvcBatcher(mv, device).run(jobs)

@@ -1,0 +1,205 @@
+"""The tier end to end with qemu-img as the client: for machines without fio or libnbd.
+
+``qemu-img`` carries its own NBD client (no libnbd), so a handful of Debian
+packages unpacked into a private prefix make it run where nothing can be
+installed. Per block size ``B`` (also each tier's block size), every system is
+started at once, then each client load runs on every system in turn (order
+rotated per round, so drifting load hits all alike):
+
+* ``fill``: ``qemu-img convert -n -m 16 -W`` writes the data set (16 requests in
+  flight, qemu-img's most; up to 2 MiB each, out of order), then ``qemu-img
+  compare`` reads the export back against it (``fill_verified``: 1.0 = bit-exact);
+* ``read``: ``qemu-img bench -d 32 -s B`` reads the filled export at queue depth
+  32 (sequential offsets, wrapping), sized to run about ``seconds``;
+* ``write_const``: ``qemu-img bench -w -d 32 -s B``, queue depth 32; its payload
+  is qemu-img's constant pattern byte, not the data set (so zlib shrinks it to
+  almost nothing and ZVC not at all: quote it as that, not as realistic writes).
+
+Server CPU-seconds come from ``/proc`` for each server's process tree, so
+every figure has its CPU cost per GB next to it::
+
+    rows = run_qemu_load(QemuLoadConfig(systems=["torch", "inline"], blocks=[65536]), data, work=Path("w"))
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from carina.core.config import Config, require
+from carina.core.errors import BackendUnavailable
+from carina.infra.storage.loadtest import cpu_seconds
+
+__all__ = ["QEMU_SYSTEMS", "QemuLoadConfig", "run_qemu_load"]
+
+log = logging.getLogger("carina.infra.storage")
+
+#: System -> (engine, codec); ``cpu`` means the config's CPU codec.
+QEMU_SYSTEMS = {"torch": ("torch", "zvc"), "inline": ("inline", "cpu"), "thread": ("thread", "cpu"),
+                "process": ("process", "cpu"), "forward": ("inline", "raw")}  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class QemuLoadConfig(Config):
+    """What the qemu-img load runs.
+
+    Attributes:
+        systems: Keys of :data:`QEMU_SYSTEMS`.
+        blocks: Request sizes (each also the tier's block size).
+        codec: Codec of the CPU systems.
+        workers: Workers of the ``thread``/``process`` systems and launch threads of ``torch``.
+        device: Torch device of the ``torch`` system.
+        seconds: Target length of each bench run.
+        rounds: Rounds of every load on every system (medians reported).
+        qemu_img: The qemu-img executable.
+    """
+
+    systems: list[str] = field(default_factory=lambda: ["torch", "inline", "thread", "forward"])
+    blocks: list[int] = field(default_factory=lambda: [4 << 10, 64 << 10])
+    codec: str = "zlib"
+    workers: int = 8
+    device: str = "auto"
+    seconds: float = 1.0
+    rounds: int = 1
+    qemu_img: str = "qemu-img"
+
+    def validate(self) -> None:
+        """Check names and ranges."""
+        require(set(self.systems) <= set(QEMU_SYSTEMS), f"systems must be among {sorted(QEMU_SYSTEMS)}", key="systems")
+        require(all(b >= 512 and b & (b - 1) == 0 for b in self.blocks), "blocks: powers of two >= 512", key="blocks")
+        require(self.seconds > 0 and self.rounds > 0, "seconds and rounds must be positive", key="seconds")
+
+
+@dataclass
+class _Server:
+    system: str
+    block: int
+    proc: subprocess.Popen[str]
+    store: Path
+    url: str = ""
+
+
+def _start(cfg: QemuLoadConfig, system: str, block: int, size: int, work: Path) -> _Server:
+    engine, codec = QEMU_SYSTEMS[system]
+    store = work / f"store-{system}-{block}"
+    shutil.rmtree(store, ignore_errors=True)
+    cmd = [sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0", "--store", str(store),
+           "--size", str(size), "--block-size", str(block), "--engine", engine,
+           "--codec", cfg.codec if codec == "cpu" else codec, "--workers", str(cfg.workers), "--device", cfg.device,
+           "--slots", "64", "--stats-interval", "3600"]  # fmt: skip
+    return _Server(system, block, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                   store)  # fmt: skip
+
+
+def _ready(server: _Server) -> None:
+    line = server.proc.stdout.readline() if server.proc.stdout else ""
+    if not line:
+        raise BackendUnavailable(f"carina storage serve ({server.system}) did not start: "
+                                 f"{server.proc.communicate()[1][-1500:]}")  # fmt: skip
+    server.url = json.loads(line)["url"]
+
+
+def _stop(server: _Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.communicate()
+
+
+def _timed(server: _Server, cmd: list[str]) -> tuple[float, float, str]:
+    """Run a client command; its wall seconds, the server's CPU-seconds meanwhile, and its stdout."""
+    c0, t0 = cpu_seconds(server.proc.pid), time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return time.perf_counter() - t0, cpu_seconds(server.proc.pid) - c0, out
+
+
+def _bench(cfg: QemuLoadConfig, server: _Server, *, write: bool) -> dict[str, float]:
+    """``qemu-img bench`` at queue depth 32, rerun once with a count scaled to about ``cfg.seconds``."""
+    b = server.block
+    count = max(256, (16 << 20) // b)
+    for _ in range(2):
+        cmd = [cfg.qemu_img, "bench", "-f", "raw", "-d", "32", "-s", str(b), "-c", str(count),
+               *(["-w"] if write else []), server.url]  # fmt: skip
+        wall, cpu, out = _timed(server, cmd)
+        m = re.search(r"Run completed in ([0-9.]+) seconds", out)
+        secs = float(m.group(1)) if m else wall
+        if secs >= 0.5 * cfg.seconds:
+            break
+        count = min(int(count * cfg.seconds / max(secs, 1e-3)), max(count, (4 << 30) // b))
+    nbytes = count * b
+    return {"mb_s": nbytes / secs / 1e6, "cpu_s_per_gb": cpu / (nbytes / 1e9), "requests": float(count)}
+
+
+def _fill(cfg: QemuLoadConfig, server: _Server, image: Path) -> dict[str, float]:
+    cmd = [cfg.qemu_img, "convert", "-n", "-m", "16", "-W", "-f", "raw", "-O", "raw", str(image), server.url]
+    wall, cpu, _ = _timed(server, cmd)
+    nbytes = image.stat().st_size
+    from carina.infra.storage.store import read_store_summary
+
+    same = subprocess.run([cfg.qemu_img, "compare", "-q", "-f", "raw", "-F", "raw", str(image), server.url],
+                          capture_output=True, text=True)  # fmt: skip
+    ratio = float(read_store_summary(server.store)["ratio"])
+    return {"mb_s": nbytes / wall / 1e6, "cpu_s_per_gb": cpu / (nbytes / 1e9), "ratio": ratio,
+            "verified": float(same.returncode == 0)}  # fmt: skip
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def _load_block(cfg: QemuLoadConfig, servers: list[_Server], image: Path) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for s in servers:
+        rows[s.system] = {
+            "system": s.system,
+            "block": s.block,
+            **{f"fill_{k}": v for k, v in _fill(cfg, s, image).items()},
+        }
+    for op in ("read", "write_const"):
+        runs: dict[str, list[dict[str, float]]] = {s.system: [] for s in servers}
+        for k in range(cfg.rounds):
+            for s in servers[k % len(servers) :] + servers[: k % len(servers)]:
+                runs[s.system].append(_bench(cfg, s, write=op != "read"))
+        for system, got in runs.items():
+            for key in ("mb_s", "cpu_s_per_gb"):
+                rows[system][f"{op}_{key}"] = _median([r[key] for r in got])
+            rows[system][f"{op}_mb_s_runs"] = [round(r["mb_s"], 2) for r in got]
+    return list(rows.values())
+
+
+def run_qemu_load(cfg: QemuLoadConfig, image: Path, *, work: Path, on_block: Any = None) -> list[dict[str, Any]]:
+    """Every system at every block size (all servers started at once); one row per system and block.
+
+    ``on_block(rows_so_far)`` is called after each block size, so a caller can
+    write what has finished before a later block size runs out of time.
+    """
+    if shutil.which(cfg.qemu_img) is None:
+        raise BackendUnavailable(f"{cfg.qemu_img} is not installed (apt-get install qemu-utils)")
+    size = image.stat().st_size
+    rows: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        servers = [_start(cfg, s, b, size, work) for b in cfg.blocks for s in cfg.systems]
+        for server in servers:
+            stack.callback(_stop, server)
+        for server in list(servers):
+            try:
+                _ready(server)
+            except BackendUnavailable as exc:  # one system that cannot start must not cost the others' rows
+                log.warning("%s: %s, left out", server.system, exc)
+                servers.remove(server)
+        for block in cfg.blocks:
+            rows += _load_block(cfg, [s for s in servers if s.block == block], image)
+            if on_block is not None:
+                on_block(rows)
+    return rows
