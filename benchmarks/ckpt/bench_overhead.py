@@ -111,6 +111,7 @@ def main() -> None:
     counter = [0]
     last = window(step, args.steps, 0)["window_s"]
     run["clean_s"].append(last)
+    write(args, run)  # the setup and the first clean window, before any method
     names = [m for m in args.methods.split(",") if m]
     for name in names:
         if args.budget_s and time.perf_counter() - t_start > args.budget_s:
@@ -177,7 +178,7 @@ def write(args: Any, run: dict[str, Any]) -> None:
              f"{args.device}; overhead of a window of {args.steps} steps with a save every K steps (at K/2 + jK) "
              f"against the median of the clean windows ({where}); drain_s (writing still left after the window) "
              "is not counted; goal_applies when K x step >= 2 x persist_s (state bytes / fio write bandwidth, same "
-             "run). Negative overheads are noise. Written after every method.")  # fmt: skip
+             "run). Negative overheads are noise. Written after the first clean window and each method.")  # fmt: skip
     name = args.name or f"ckpt_overhead_{args.device}"
     rec = make_record(name=name, figures=figures, config=cfg, metrics=metrics, notes=notes, environment=env())
     print(write_record(rec), file=sys.stderr, flush=True)
