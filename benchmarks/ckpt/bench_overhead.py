@@ -2,11 +2,11 @@
 
 One process builds the bench_stall workload once (ckpt_workload.py) and times a
 window of ``--steps`` training steps without checkpoints (before the first method
-and after the last; with ``--clean-between`` after every method) and, per method and interval K, the same window
+and after the last) and, per method and interval K, the same window
 with a save at steps K/2, K/2 + K, ... (so even the last save overlaps K/2 steps).
 overhead = (T_K - T_clean) / T_clean, T_clean the median of all clean windows
-(with ``--clean-between``, the mean of the two around each method is kept as
-``t_clean_s``). What a save still had to write after the window
+(with ``--clean-between``: a clean window between every two timed windows, and
+T_clean the mean of the two around each). What a save still had to write after the window
 (``drain_s``) is reported, not counted. Each method makes one untimed save first
 (arena pinning, process start). The time to persist (state bytes / disk write
 bandwidth, fio in the same run) says where the issue's goal applies: overhead
@@ -57,8 +57,13 @@ def window(step: Any, n_steps: int, first: int, method: Any = None, interval: in
             "drain_s": time.perf_counter() - td if method is not None else 0.0}  # fmt: skip
 
 
-def run_method(name: str, args: Any, model: Any, opt: Any, step: Any, root: Path, counter: list[int]) -> dict:
-    """Every interval for one method: {K: window}, plus peak memory."""
+def run_method(name: str, args: Any, model: Any, opt: Any, step: Any, root: Path, counter: list[int],
+               clean: list[float]) -> dict[str, Any]:  # fmt: skip
+    """Every interval for one method: {K: window}, plus peak memory.
+
+    Each window keeps the clean window just before it (``clean_before_s``); with ``--clean-between``
+    a new clean window precedes every interval after the first (appended to ``clean``).
+    """
     sub = root / name
     sub.mkdir(exist_ok=True)
     out: dict[str, Any] = {}
@@ -69,8 +74,10 @@ def run_method(name: str, args: Any, model: Any, opt: Any, step: Any, root: Path
             m.start(counter[0])  # untimed first save: arenas, writer process, DCP plans
             while not m.done():
                 step()
-            for k in args.interval_list:
-                out[str(k)] = window(step, args.steps, counter[0], m, k)
+            for i, k in enumerate(args.interval_list):
+                if args.clean_between and i:
+                    clean.append(window(step, args.steps, 0)["window_s"])
+                out[str(k)] = {**window(step, args.steps, counter[0], m, k), "clean_before_s": clean[-1]}
                 counter[0] += args.steps
                 print(f"  {name} K={k}: {out[str(k)]}", file=sys.stderr, flush=True)
         finally:
@@ -91,7 +98,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--name", default=None)
     ap.add_argument("--budget-s", type=float, default=0, help="start no method after this many seconds")
-    ap.add_argument("--clean-between", action="store_true", help="a clean window after every method, not only the last")
+    ap.add_argument("--clean-between", action="store_true", help="a clean window between all windows (a drifting load)")
     args = ap.parse_args()
     args.interval_list = [int(k) for k in args.intervals.split(",") if k]
     t_start = time.perf_counter()
@@ -109,8 +116,7 @@ def main() -> None:
                            "disk_ceiling_source": src, "persist_s": nbytes / bw,
                            "clean_s": [], "methods": {}}  # fmt: skip
     counter = [0]
-    last = window(step, args.steps, 0)["window_s"]
-    run["clean_s"].append(last)
+    run["clean_s"].append(window(step, args.steps, 0)["window_s"])
     write(args, run)  # the setup and the first clean window, before any method
     names = [m for m in args.methods.split(",") if m]
     for name in names:
@@ -118,31 +124,35 @@ def main() -> None:
             run["methods"][name] = {"skipped": "time budget"}
             continue
         try:
-            res = run_method(name, args, model, opt, step, root, counter)
+            res = run_method(name, args, model, opt, step, root, counter, run["clean_s"])
         except Exception as exc:  # a writer that cannot run here (e.g. /dev/shm too small): record it, go on
             res = {"error": str(exc)[:2000]}
             print(name, "failed:", exc, file=sys.stderr, flush=True)
         release_host_memory()
         run["methods"][name] = res
         if args.clean_between or name == names[-1]:
-            after = window(step, args.steps, 0)["window_s"]
-            run["clean_s"].append(after)
-            res["t_clean_s"], last = (last + after) / 2, after
+            run["clean_s"].append(window(step, args.steps, 0)["window_s"])
+            res["clean_after_s"] = run["clean_s"][-1]
         write(args, run)
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def rows(args: Any, run: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per method and interval (T_clean: the median clean window)."""
+    """One row per method and interval (T_clean: the median clean window, or the two around it)."""
     out = []
     for name, res in run["methods"].items():
         if "windows" not in res:
             out.append({"method": name, "note": str(res.get("error") or res.get("skipped"))[:300]})
             continue
-        t_clean = statistics.median(run["clean_s"])
-        step_s = t_clean / args.steps
-        for k, w in res["windows"].items():
+        wins = list(res["windows"].items())
+        for j, (k, w) in enumerate(wins):
+            if args.clean_between:  # the clean windows just before and just after this one
+                after = wins[j + 1][1]["clean_before_s"] if j + 1 < len(wins) else res.get("clean_after_s")
+                t_clean = statistics.mean([w["clean_before_s"], after if after is not None else w["clean_before_s"]])
+            else:
+                t_clean = statistics.median(run["clean_s"])
+            step_s = t_clean / args.steps
             pct = 100 * (w["window_s"] - t_clean) / t_clean
             interval_s = int(k) * step_s
             applies = interval_s >= 2 * run["persist_s"]
@@ -173,10 +183,10 @@ def write(args: Any, run: dict[str, Any]) -> None:
     label = size_label(args.params)
     cfg = {k: getattr(args, k) for k in ("params", "model", "device", "steps", "intervals", "methods", "threads",
                                           "budget_s", "clean_between")}  # fmt: skip
-    where = "one before and after each method" if args.clean_between else "before the first, after the last method"
+    where = "the two around each window" if args.clean_between else "before the first, after the last method"
     notes = (f"{args.model} {label} ({run['params'] / 1e6:.1f}M params, {run['state_bytes'] / 1e9:.2f} GB state) on "
              f"{args.device}; overhead of a window of {args.steps} steps with a save every K steps (at K/2 + jK) "
-             f"against the median of the clean windows ({where}); drain_s (writing still left after the window) "
+             f"against clean windows ({where}); drain_s (writing still left after the window) "
              "is not counted; goal_applies when K x step >= 2 x persist_s (state bytes / fio write bandwidth, same "
              "run). Negative overheads are noise. Written after the first clean window and each method.")  # fmt: skip
     name = args.name or f"ckpt_overhead_{args.device}"
