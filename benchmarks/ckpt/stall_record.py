@@ -137,9 +137,10 @@ class StallRecord:
         notes = (f"{a.model} model, fp32 params + AdamW moments, on {a.device}; stall = blocking + sum(step - median "
                  "of the clean steps just before it) while the save is in flight; medians exclude the first save "
                  "(first_stall_s). host_extra_GB = peak (trainer RSS + writer children's private pages, sampled "
-                 "every 20 ms) - trainer RSS before the method. Each size's own command is in metrics.sizes; with "
-                 "--append the record keeps sizes of earlier runs. Written after each setup and method: methods "
-                 "absent from metrics.summary were not reached.")  # fmt: skip
+                 "every 20 ms) - trainer RSS before the method. The command names every run that made a size (each "
+                 "size's own is in metrics.sizes): --append keeps sizes of earlier runs. Written after each setup "
+                 "and method: methods absent from metrics.summary were not reached.")  # fmt: skip
+        commands = " && ".join(dict.fromkeys(r["command"] for r in self.sizes.values() if "command" in r))
         rec = make_record(name=self.name, figures=figs, config={k: getattr(a, k) for k in keys}, metrics=metrics,
-                          notes=notes, environment=env())  # fmt: skip
+                          notes=notes, environment=env(), command=commands or None)  # fmt: skip
         print(write_record(rec), file=sys.stderr, flush=True)
