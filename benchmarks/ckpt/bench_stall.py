@@ -105,6 +105,8 @@ class DcpAsync(DcpSave):
     def start(self, step: int) -> None:
         import torch.distributed.checkpoint as dcp
 
+        if self.fut is not None:
+            self.fut.result()  # one save in flight, as torchtitan does: the wait is part of the stall
         sd, kw = self._args(step)
         fut = dcp.async_save(sd, **kw)
         self.fut = getattr(fut, "upload_completion", fut)
@@ -239,11 +241,17 @@ def disk_ceiling(root: Path, nbytes: int) -> tuple[float, str]:
     return bw, f"carina.io seq write O_DIRECT {size >> 20} MiB (fio absent)"
 
 
-def sync_copy_s(model: Any, opt: Any) -> float:
-    """A blocking copy of the whole state into host memory (what a synchronous snapshot costs)."""
+def sync_copy_s(model: Any, opt: Any, limit: int = 4 << 30) -> float | None:
+    """A blocking copy of the whole state into host memory (what a synchronous snapshot costs).
+
+    None above ``limit`` bytes: pinning that much (torch rounds each buffer up to a power of two) would
+    cost the run seconds for a side figure.
+    """
     tensors = list(model.state_dict().values())
     for s in opt.state_dict()["state"].values():
         tensors += [v for v in s.values() if torch.is_tensor(v)]
+    if sum(t.numel() * t.element_size() for t in tensors) > limit:
+        return None
     dst = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in tensors]
     t0 = time.perf_counter()
     for d, t in zip(dst, tensors, strict=True):
