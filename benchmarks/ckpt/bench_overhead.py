@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_stall import disk_ceiling, make_method, size_label
+from bench_stall import disk_ceiling, size_label
+from ckpt_methods import make_method
 from ckpt_workload import PeakMemory, build, make_step, n_params, release_host_memory, state_bytes
 from stall_record import env
 

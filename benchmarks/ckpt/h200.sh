@@ -3,9 +3,10 @@
 # TIME BUDGET: 270 s of run time in all (BUDGET_S, default 270) -- give the call a limit of >= 285 s.
 # Every step runs under `timeout` (TERM, then KILL 2 s later), clipped to the budget left:
 #   machine      5 s   GPU, disks, /dev/shm, cores
-#   stall       75 s   bench_stall, llama 125M (1.6 GB state), every method: carina thread/process/fork,
-#                      torch.save(+fsync), dcp.async_save, dcp.save; 4 saves each (medians of the last 3);
-#                      no method starts after 55 s; a save not durable in 15 s abandons its method (recorded
+#   stall       90 s   bench_stall, llama 125M (1.6 GB state), every method: carina thread/process/fork,
+#                      torch.save(+fsync), dcp.async_save (thread mode), dcp.save, dcp.async_save in process
+#                      mode (last: it makes a gloo process group); 4 saves each (medians of the last 3); no
+#                      method starts after 68 s; a save not durable in 12 s abandons its method (recorded
 #                      with what the writer process was doing, from /proc)        -> ckpt_stall_h200.json
 #   overhead    85 s   bench_overhead, same model: a window of 200 steps clean, and with a save every
 #                      25/50/100 steps, for the best carina writer of the stall record, torch.save and
@@ -16,7 +17,7 @@
 #                      reserved for the two steps below                            -> into ckpt_stall_h200.json
 #   restore     45 s   bench_restore, llama 125M: carina, torch.load, dcp.load, cold and warm   -> ckpt_restore_h200.json
 #   gpu tests   25 s   tests/ckpt/test_ckpt_gpu.py (17.6 s on the H100)
-# Expected ~250 s; 1.3B fits only with a larger budget (BUDGET_S=420 should reach it).
+# Expected ~255 s (350M only if the first steps leave room); 1.3B fits only with a larger budget (BUDGET_S=420 should reach it).
 # Records are written into $OUT/ckpt/ as each step goes (after every method), never only at the end;
 # at most 4 files: ckpt_stall_h200.json, ckpt_overhead_h200.json, ckpt_restore_h200.json, h200.log.
 # Key figures are printed last in a short table (also in h200.log).
@@ -67,9 +68,10 @@ B=benchmarks/ckpt
 COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
 
 step "machine" 5 bash -c "nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv,noheader || true; df -h '$SCRATCH' | tail -1; df -h /dev/shm | tail -1; nproc; free -g | head -2; cat /sys/kernel/mm/transparent_hugepage/enabled"
-step "stall ($DEVICE, llama $P1, every method)" 75 \
+step "stall ($DEVICE, llama $P1, every method)" 90 \
   "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$P1" --reps 4 --writers thread,process,fork \
-  --peers torch.save,dcp.async_save,dcp.save --budget-s 55 --save-deadline-s 15 --name "ckpt_stall$SUFFIX"
+  --peers torch.save,dcp.async_save,dcp.save,dcp.async_process --budget-s 68 --save-deadline-s 12 \
+  --name "ckpt_stall$SUFFIX"
 rm -rf "$WORK/run"
 BEST=$("$PYTHON" -c "import json,sys; print(next(iter(json.load(open(sys.argv[1]))['metrics']['best_writer'].values())))" \
   "$OUT/ckpt/ckpt_stall$SUFFIX.json" 2>/dev/null || echo thread)
