@@ -1,8 +1,8 @@
 """Restore time: carina.ckpt vs torch.load vs torch.distributed.checkpoint.load, against the disk's read ceiling.
 
-One run builds the bench_stall workload (MLP stack + AdamW with state), saves it
-once per method, then restores it into the live model and optimizer (on the
-device) ``--reps`` times cold (the files evicted from the page cache with
+One run builds the bench_stall workload (ckpt_workload.py: an MLP stack or a
+random-init Llama, AdamW with state), saves it once per method, then restores it
+into the live model and optimizer (on the device) ``--reps`` times cold (the files evicted from the page cache with
 ``posix_fadvise(DONTNEED)``; in a VM the host may still cache them) and warm.
 carina's restore reads every shard through carina.io, checks every crc32 and
 only then loads; its read+verify part is timed on its own too. The ceiling is a
@@ -10,12 +10,13 @@ sequential O_DIRECT read of the carina shard (fio when present) measured in the
 same run; the restored parameters are checked bitwise against the saved ones.
 
     python benchmarks/ckpt/bench_restore.py --params 16e6 --reps 3            # CPU
-    python benchmarks/ckpt/bench_restore.py --params 1e8 --device cuda --reps 2
+    python benchmarks/ckpt/bench_restore.py --model llama --params 125e6 --device cuda --reps 2
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -29,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_stall import _env, build, make_step, state_bytes
+from ckpt_workload import build, make_step, state_bytes
+from stall_record import env as _env
 
 from carina.core.bench import Figure, make_record, write_record
 
@@ -163,6 +165,7 @@ def time_it(fn: Callable[[], Any], before: Callable[[], None] | None = None) -> 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=float, default=16e6)
+    ap.add_argument("--model", default="mlp", choices=("mlp", "llama"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="checkpoint disk (default: a temp dir)")
@@ -173,7 +176,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     root = Path(tempfile.mkdtemp(prefix="carina-ckpt-restore-", dir=args.dir))
-    model, opt, x = build(args.params, args.device)
+    model, opt, x = build(args.params, args.device, args.model)
     step = make_step(model, opt, x, args.device)
     for _ in range(2):
         step()
@@ -190,7 +193,7 @@ def main() -> None:
     ck_root = str(root / "carina")
     for m in ms:  # carina first: the record is written after every method, so a kill loses little
         step()  # the live state moves on; every restore must bring the saved one back
-        cold = [time_it(m.load, lambda m=m: evict(m.root)) for _ in range(args.reps)]
+        cold = [time_it(m.load, functools.partial(evict, m.root)) for _ in range(args.reps)]
         warm = [time_it(m.load) for _ in range(args.reps)]
         results[m.name] = {"cold_s": cold, "warm_s": warm, "cold_s_median": statistics.median(cold),
                            "warm_s_median": statistics.median(warm),
@@ -224,9 +227,10 @@ def write(args: Any, results: dict[str, Any], nbytes: int, bw: float, src: str) 
     metrics = {"summary": summary, "state_bytes": nbytes, "disk_read_Bps": bw, "disk_ceiling_source": src,
                "read_verify_cold_s_median": c["read_verify_cold_s_median"], "methods": results}  # fmt: skip
     name = args.name or f"ckpt_restore_{args.device}"
-    cfg = {k: getattr(args, k) for k in ("params", "device", "reps", "threads")}
-    notes = (f"{nbytes / 1e9:.2f} GB state (fp32 params + AdamW moments) restored into the live model and optimizer "
-             f"on {args.device}; cold = files evicted with posix_fadvise(DONTNEED) before each restore (a VM host may "
+    cfg = {k: getattr(args, k) for k in ("params", "model", "device", "reps", "threads")}
+    notes = (f"{nbytes / 1e9:.2f} GB state ({args.model} model, fp32 params + AdamW moments) restored into the "
+             f"live model and optimizer on {args.device}; cold = files evicted with posix_fadvise(DONTNEED) before "
+             "each restore (a VM host may "
              "still cache them); carina reads and checks every crc32 before loading; bitwise = restored state "
              "equals the saved one. Written after every method (carina first): a method absent from "
              "metrics.summary was not reached.")  # fmt: skip

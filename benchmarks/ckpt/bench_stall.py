@@ -1,14 +1,21 @@
 """Training stall per checkpoint: carina writers vs torch.save vs torch.distributed.checkpoint.
 
-One run trains an MLP stack with AdamW and checkpoints it repeatedly with each
-method. Per checkpoint it measures the blocking time B (the save call), the
-interference I (sum over the steps taken while the save is in flight of
-step - median clean step), stall = B + I, and the time until durable D. The
-disk ceiling is a sequential O_DIRECT write measured in the same run (fio when
-present). Writes one record through carina.core.bench.
+One run trains a model with AdamW (an MLP stack, or a random-init transformers
+Llama: ckpt_workload.py) and checkpoints it repeatedly with each method. Per
+checkpoint it measures the blocking time B (the save call), the interference I
+(sum over the steps taken while the save is in flight of step - median clean
+step), stall = B + I, and the time until durable D. The disk ceiling is a
+sequential O_DIRECT write measured in the same run (fio when present); the peak
+host memory of the trainer and its writer children is sampled per method.
+``--params`` may list several sizes (one after the other, in one record);
+``--append`` adds them to an existing record of the same name, keeping its
+other sizes. Writes one record through carina.core.bench (stall_record.py),
+after the setup of each size and after every method.
 
     python benchmarks/ckpt/bench_stall.py --params 20e6 --reps 5            # CPU
-    python benchmarks/ckpt/bench_stall.py --params 1e9 --device cuda --reps 3
+    python benchmarks/ckpt/bench_stall.py --model llama --params 125e6 --device cuda --reps 4
+    python benchmarks/ckpt/bench_stall.py --model llama --params 350e6,1.3e9 --device cuda --append \
+        --writers thread --peers torch.save,dcp.async_save
 """
 
 from __future__ import annotations
@@ -27,143 +34,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from carina.core.bench import Figure, make_record, write_record
-
-
-# -- workload -------------------------------------------------------------------
-def build(params: float, device: str) -> tuple[Any, Any, Any]:
-    hidden = 1024 if device == "cpu" else 4096
-    layers = max(2, round(params / (hidden * hidden)))
-    mods: list[torch.nn.Module] = []
-    for _ in range(layers):
-        mods += [torch.nn.Linear(hidden, hidden, device=device), torch.nn.GELU()]
-    model = torch.nn.Sequential(*mods)
-    fused = device == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=fused)
-    x = torch.randn(64 if device == "cpu" else 8192, hidden, device=device)
-    return model, opt, x
-
-
-def make_step(model: Any, opt: Any, x: Any, device: str) -> Any:
-    def step() -> float:
-        t0 = time.perf_counter()
-        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            loss = model(x).float().square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()  # the host waits for the step, as a training loop logging its loss does
-        return time.perf_counter() - t0
-
-    return step
-
-
-def state_bytes(model: Any, opt: Any) -> int:
-    n = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    for s in opt.state_dict()["state"].values():
-        n += sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
-    return n
-
-
-# -- methods ----------------------------------------------------------------------
-class TorchSave:
-    name = "torch.save"
-
-    def __init__(self, root: Path, model: Any, opt: Any) -> None:
-        self.root, self.model, self.opt = root, model, opt
-
-    def start(self, step: int) -> None:
-        tmp, final = self.root / f"{step}.pt.tmp", self.root / f"{step}.pt"
-        with open(tmp, "wb") as fh:
-            torch.save({"model": self.model.state_dict(), "optim": self.opt.state_dict()}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        fd = os.open(self.root, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-        for old in self.root.glob("*.pt"):
-            if old != final:
-                old.unlink()
-
-    def done(self) -> bool:
-        return True
-
-    def durable_at(self) -> float | None:
-        """Wall-clock time the last save became durable, from its commit marker (None: when done() saw it)."""
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-class DcpSave(TorchSave):
-    name = "dcp.save"
-
-    def _args(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        from torch.distributed.checkpoint import FileSystemWriter
-
-        path = self.root / f"dcp_{step}"
-        self.last = path
-        for old in self.root.glob("dcp_*"):
-            shutil.rmtree(old)
-        sd = {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
-        return sd, {"checkpoint_id": str(path), "storage_writer": FileSystemWriter(str(path), sync_files=True)}
-
-    def start(self, step: int) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        sd, kw = self._args(step)
-        dcp.save(sd, **kw)
-
-
-class DcpAsync(DcpSave):
-    name = "dcp.async_save"
-    fut: Any = None
-
-    def start(self, step: int) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        sd, kw = self._args(step)
-        fut = dcp.async_save(sd, **kw)
-        self.fut = getattr(fut, "upload_completion", fut)
-
-    def done(self) -> bool:
-        if self.fut is not None and self.fut.done():
-            self.fut.result()  # surface errors
-            return True
-        return self.fut is None
-
-    def durable_at(self) -> float | None:
-        return (self.last / ".metadata").stat().st_mtime  # DCP's commit marker, renamed into place last
-
-    def close(self) -> None:
-        if self.fut is not None:
-            self.fut.result()
-
-
-class Carina:
-    def __init__(self, root: Path, model: Any, opt: Any, writer: str) -> None:
-        from carina.ckpt import Checkpointer, Config, WriterKind
-
-        self.name = f"carina-{writer}"
-        # Pin both staging arenas before training (params + two Adam moments, fp32), not inside the first save.
-        state_bytes = 3 * sum(p.numel() * 4 for p in model.parameters()) + (64 << 20)
-        self.ckpt = Checkpointer(Config(dir=str(root), writer=WriterKind(writer), keep_last=1, arena_bytes=state_bytes))
-        self.state = {"model": model, "optim": opt}
-
-    def start(self, step: int) -> None:
-        self.ckpt.save(step, self.state)
-
-    def done(self) -> bool:
-        return not self.ckpt.in_flight()
-
-    def durable_at(self) -> float:
-        return (Path(self.ckpt.config.dir) / "latest").stat().st_mtime  # replaced last in the commit
-
-    def close(self) -> None:
-        self.ckpt.close()
+from ckpt_methods import make_method
+from ckpt_workload import (
+    ForkTimer,
+    PeakMemory,
+    build,
+    make_step,
+    n_params,
+    proc_state,
+    release_host_memory,
+    state_bytes,
+)
 
 
 # -- measurement ------------------------------------------------------------------
@@ -172,11 +53,12 @@ class SaveTimeout(RuntimeError):
 
 
 def measure(
-    method: Any, step: Any, reps: int, min_steps: int, step_no: int, deadline_s: float = 0
+    method: Any, step: Any, reps: int, min_steps: int, step_no: int, deadline_s: float = 0, forks: Any = None
 ) -> list[dict[str, float]]:
     """Per save: B, I against the median of the clean steps just before it (load drifts), D.
 
-    Each save is logged (stderr) as it ends; one not durable within ``deadline_s`` raises SaveTimeout.
+    Each save is logged (stderr) as it ends; one not durable within ``deadline_s`` raises SaveTimeout
+    naming what the writer process is doing. ``forks`` (a ForkTimer) adds the parent's time in fork().
     """
     out = []
     for rep in range(reps):
@@ -189,20 +71,35 @@ def measure(
             extra += step() - base
             n += 1
             if deadline_s and time.perf_counter() - t0 > deadline_s:
-                raise SaveTimeout(f"save {rep + 1} of {method.name} not durable after {deadline_s:g} s ({n} steps)")
+                raise SaveTimeout(f"save {rep + 1} of {method.name} not durable after {deadline_s:g} s ({n} steps);"
+                                  f" writer {writer_state(method)}; {forks.since(t0) if forks else ''}")  # fmt: skip
         marker = method.durable_at()
         durable = marker - wall0 if marker is not None else time.perf_counter() - t0
-        out.append({"blocking_s": blocking, "interference_s": extra, "stall_s": blocking + extra,
-                    "durable_s": durable, "steps_in_flight": n, "base_step_s": base})  # fmt: skip
+        row = {"blocking_s": blocking, "interference_s": extra, "stall_s": blocking + extra, "durable_s": durable,
+               "steps_in_flight": n, "base_step_s": base, **(forks.since(t0) if forks else {})}  # fmt: skip
+        out.append(row)
         print(f"  {method.name} save {rep + 1}: blocking {blocking:.4f} s, stall {blocking + extra:.4f} s, "
-              f"durable {durable:.3f} s, {n} steps in flight", file=sys.stderr, flush=True)  # fmt: skip
+              f"durable {durable:.3f} s, {n} steps in flight {forks.since(t0) if forks else ''}",
+              file=sys.stderr, flush=True)  # fmt: skip
     method.close()
     return out
 
 
+def _writer(method: Any) -> Any:
+    return getattr(getattr(method, "ckpt", None), "_writer", None)  # benchmark-only look at a private field
+
+
+def writer_state(method: Any) -> dict[str, str]:
+    """/proc view of a carina fork child or process writer (empty for other methods)."""
+    writer = _writer(method)
+    child, proc = getattr(writer, "_child", None), getattr(writer, "_proc", None)
+    pid = child[0] if child else getattr(proc, "pid", None)
+    return proc_state(pid) if pid else {}
+
+
 def abandon(method: Any) -> None:
     """After a SaveTimeout: stop a forked writer child (ours) so it does not load the disk for later methods."""
-    writer = getattr(getattr(method, "ckpt", None), "_writer", None)  # benchmark-only look at a private field
+    writer = _writer(method)
     child = getattr(writer, "_child", None)
     if child:
         try:
@@ -212,11 +109,14 @@ def abandon(method: Any) -> None:
             pass
         writer._child = None  # its optimizer hook stays registered and polls the writer: nothing left to reap
         writer._pending.clear()
+    proc = getattr(writer, "_proc", None)
+    if proc is not None and proc.is_alive():
+        proc.kill()
 
 
 def disk_ceiling(root: Path, nbytes: int) -> tuple[float, str]:
     """Sequential O_DIRECT write bandwidth (B/s) of the checkpoint disk, with fsync."""
-    size = max(256 << 20, min(nbytes, 4 << 30)) >> 20 << 20
+    size = max(256 << 20, min(nbytes, 2 << 30)) >> 20 << 20
     target = root / "fio.bin"
     if shutil.which("fio"):
         cmd = ["fio", "--name=ceiling", f"--filename={target}", "--rw=write", "--bs=4M", f"--size={size}",
@@ -240,11 +140,17 @@ def disk_ceiling(root: Path, nbytes: int) -> tuple[float, str]:
     return bw, f"carina.io seq write O_DIRECT {size >> 20} MiB (fio absent)"
 
 
-def sync_copy_s(model: Any, opt: Any) -> float:
-    """A blocking copy of the whole state into host memory (what a synchronous snapshot costs)."""
+def sync_copy_s(model: Any, opt: Any, limit: int = 4 << 30) -> float | None:
+    """A blocking copy of the whole state into host memory (what a synchronous snapshot costs).
+
+    None above ``limit`` bytes: pinning that much (torch rounds each buffer up to a power of two) would
+    cost the run seconds for a side figure.
+    """
     tensors = list(model.state_dict().values())
     for s in opt.state_dict()["state"].values():
         tensors += [v for v in s.values() if torch.is_tensor(v)]
+    if sum(t.numel() * t.element_size() for t in tensors) > limit:
+        return None
     dst = [torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in tensors]
     t0 = time.perf_counter()
     for d, t in zip(dst, tensors, strict=True):
@@ -261,9 +167,61 @@ def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def size_label(params: float) -> str:
+    """125M, 350M, 1.3B."""
+    return f"{params / 1e9:.2g}B" if params >= 1e9 else f"{params / 1e6:.3g}M"
+
+
+def estimate_s(prev: dict[str, Any] | None, params: float, names: list[str], reps: int) -> dict[str, float]:
+    """Seconds each of ``names`` should take at ``params``: an earlier size's per save, scaled by size and reps.
+
+    ``setup`` is the earlier size's setup time, unscaled (imports and CUDA start dominate it).
+    """
+    if not prev or "setup_s" not in prev:
+        return {}
+    scale = params / prev["params"]
+    per_save = {k: v["wall_s"] / len(v["reps"]) for k, v in prev["methods"].items() if "wall_s" in v}
+    fallback = max(per_save.values(), default=0.0)
+    return {"setup": prev["setup_s"], **{n: per_save.get(n, fallback) * reps * scale for n in names}}
+
+
+def run_methods(args: Any, names: list[str], model: Any, opt: Any, step: Any, root: Path, run: dict[str, Any],
+                save: Any, t_start: float, est: dict[str, float]) -> None:  # fmt: skip
+    """Measure every method on one model into ``run["methods"]``, calling ``save()`` after each.
+
+    A method is skipped when ``--budget-s`` would be passed before it ends (``est``: its expected seconds).
+    """
+    results = run["methods"]
+    for i, name in enumerate(names):
+        if args.budget_s and time.perf_counter() - t_start + est.get(name, 0) > args.budget_s:
+            results[name] = {"skipped": f"time budget (expected {est.get(name, 0):.0f} s)"}
+            continue
+        sub = root / name
+        sub.mkdir(exist_ok=True)
+        t_method = time.perf_counter()
+        m: Any = None
+        with ForkTimer() as forks, PeakMemory() as mem:
+            try:
+                m = make_method(name, sub, model, opt)
+                rows = measure(m, step, args.reps, args.min_steps, 1000 * (i + 1), args.save_deadline_s, forks)
+            except Exception as exc:  # e.g. /dev/shm too small for the process writer: record it, go on
+                if isinstance(exc, SaveTimeout):
+                    abandon(m)
+                rows = []
+                results[name] = {"error": str(exc)[:2000]}
+                print(name, "failed:", exc, file=sys.stderr, flush=True)
+        shutil.rmtree(sub, ignore_errors=True)
+        if rows:
+            results[name] = {**summarize(rows), **mem.result(), "wall_s": time.perf_counter() - t_method, "reps": rows}
+            print(name, json.dumps({k: round(v, 4) for k, v in results[name].items() if k != "reps"}),
+                  f"({time.perf_counter() - t_method:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
+        save()  # after every method: a kill loses little
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--params", type=float, default=20e6)
+    ap.add_argument("--params", default="20e6", help="parameter counts, comma-separated (one run each, in order)")
+    ap.add_argument("--model", default="mlp", choices=("mlp", "llama"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--min-steps", type=int, default=3)
@@ -272,112 +230,51 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="checkpoint disk (default: a temp dir)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--name", default=None)
+    ap.add_argument("--append", action="store_true", help="keep the other sizes of an existing record --name")
     ap.add_argument("--budget-s", type=float, default=0, help="skip methods once this much time has passed")
     ap.add_argument("--save-deadline-s", type=float, default=0, help="give up a method whose save takes longer")
     args = ap.parse_args()
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     root = Path(args.dir or tempfile.mkdtemp(prefix="carina-ckpt-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    model, opt, x = build(args.params, args.device)
-    step = make_step(model, opt, x, args.device)
-    for _ in range(5):
-        step()
-    base = statistics.median(step() for _ in range(10))
-    nbytes = state_bytes(model, opt)
-    ceiling_bw, ceiling_src = disk_ceiling(root, nbytes)
-    copy_s = sync_copy_s(model, opt)
-    print(f"state {nbytes / 1e9:.3f} GB, step {base * 1e3:.1f} ms, disk {ceiling_bw / 1e9:.2f} GB/s, "
-          f"setup {time.perf_counter() - t_start:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
-    results: dict[str, dict[str, Any]] = {}
-    write(args, results, nbytes, base, ceiling_bw, ceiling_src, copy_s)  # the setup figures, before any method
+    from stall_record import StallRecord
+
+    record = StallRecord(args)
     ours = [f"carina-{w}" for w in args.writers.split(",") if w]
     theirs = [p for p in args.peers.split(",") if p]
     # Alternate carina writers and peers, so a --budget-s cut leaves both sides measured.
-    methods = [m for pair in zip_longest(ours, theirs) for m in pair if m]
-    peers_cls = {"torch.save": TorchSave, "dcp.save": DcpSave, "dcp.async_save": DcpAsync}
-    for i, name in enumerate(methods):
-        if args.budget_s and time.perf_counter() - t_start > args.budget_s:
-            results[name] = {"skipped": "time budget"}
+    names = [m for pair in zip_longest(ours, theirs) for m in pair if m]
+    for params in (float(p) for p in args.params.split(",") if p):
+        t_size = time.perf_counter()
+        prev = next((r for r in reversed(record.sizes.values()) if "setup_s" in r), None)
+        est = estimate_s(prev, params, names, args.reps)
+        need = est.get("setup", 0) + est.get(names[0], 0)  # its setup and first method
+        if args.budget_s and t_size - t_start + need > args.budget_s:
+            record.add(size_label(params), {"params": params, "skipped": f"time budget (expected {need:.0f} s)"})
             continue
-        sub = root / name
-        sub.mkdir(exist_ok=True)
-        t_method = time.perf_counter()
-        m: Any = None
-        try:
-            if name.startswith("carina-"):
-                m = Carina(sub, model, opt, name.removeprefix("carina-"))
-            else:
-                m = peers_cls[name](sub, model, opt)
-            rows = measure(m, step, args.reps, args.min_steps, 1000 * (i + 1), args.save_deadline_s)
-        except Exception as exc:  # e.g. /dev/shm too small for the process writer: record it, go on
-            if isinstance(exc, SaveTimeout):
-                abandon(m)
-            results[name] = {"error": str(exc)}
-            print(name, "failed:", exc, file=sys.stderr, flush=True)
-            write(args, results, nbytes, base, ceiling_bw, ceiling_src, copy_s)
-            continue
-        results[name] = {**summarize(rows), "reps": rows}
-        shutil.rmtree(sub, ignore_errors=True)
-        print(name, json.dumps({k: round(v, 4) for k, v in summarize(rows).items()}),
-              f"({time.perf_counter() - t_method:.1f} s)", file=sys.stderr, flush=True)  # fmt: skip
-        write(args, results, nbytes, base, ceiling_bw, ceiling_src, copy_s)  # after every method: a kill loses little
+        torch.manual_seed(0)
+        model, opt, x = build(params, args.device, args.model)
+        step = make_step(model, opt, x, args.device)
+        for _ in range(5):
+            step()
+        nbytes = state_bytes(model, opt)
+        bw, src = disk_ceiling(root, nbytes)
+        run: dict[str, Any] = {"params": n_params(model), "state_bytes": nbytes, "disk_write_Bps": bw,
+                               "step_s_median": statistics.median(step() for _ in range(10)), "methods": {},
+                               "disk_ceiling_source": src, "sync_copy_s": sync_copy_s(model, opt)}  # fmt: skip
+        print(f"{size_label(params)}: {run['params'] / 1e6:.1f}M params, state {nbytes / 1e9:.3f} GB, step "
+              f"{run['step_s_median'] * 1e3:.1f} ms, disk {bw / 1e9:.2f} GB/s, "
+              f"at {time.perf_counter() - t_start:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+        run["setup_s"] = time.perf_counter() - t_size
+        record.add(size_label(params), run)  # the setup figures, before any method
+        run_methods(args, names, model, opt, step, root, run, record.write, t_start, est)
+        del model, opt, x, step
+        release_host_memory()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def c_ok(v: dict[str, Any]) -> bool:
-    """Whether a method produced measurements (not skipped or failed)."""
-    return "stall_s_median" in v
-
-
-def note(v: dict[str, Any]) -> str:
-    """Why a method has no measurements."""
-    return str(v.get("error") or v.get("skipped") or "")
-
-
-def write(args: Any, results: dict[str, Any], nbytes: int, base: float, bw: float, src: str, copy_s: float) -> None:
-    done = {k: v for k, v in results.items() if "stall_s_median" in v}
-    peers = {k: v for k, v in done.items() if not k.startswith("carina-")}
-    figures = []
-    for name, r in done.items():
-        if not name.startswith("carina-"):
-            continue
-        w = name.split("-", 1)[1]
-        figures.append(Figure(name=f"stall_per_ckpt_{w}", value=r["stall_s_median"], unit="s", higher_is_better=False,
-                              peers={p: v["stall_s_median"] for p, v in peers.items()}))  # fmt: skip
-        figures.append(Figure(name=f"time_to_durable_{w}", value=r["durable_s_median"], unit="s",
-                              higher_is_better=False, ceiling=nbytes / bw, ceiling_source=f"state bytes / {src}",
-                              peers={p: v["durable_s_median"] for p, v in peers.items()}))  # fmt: skip
-    keys = ("blocking_s_median", "interference_s_median", "stall_s_median", "durable_s_median", "first_stall_s")
-    summary = [{"method": k, **{c: round(v[c], 4) for c in keys}} if c_ok(v) else {"method": k, "note": note(v)}
-               for k, v in results.items()]  # fmt: skip
-    metrics = {"summary": summary, "state_bytes": nbytes, "step_s_median": base, "disk_write_Bps": bw,
-               "disk_ceiling_source": src, "sync_copy_s": copy_s, "methods": results}  # fmt: skip
-    device = args.device
-    name = args.name or f"ckpt_stall_{device}"
-    arg_keys = ("params", "device", "reps", "min_steps", "writers", "peers", "threads", "budget_s", "save_deadline_s")
-    cfg = {k: getattr(args, k) for k in arg_keys}
-    notes = (f"{nbytes / 1e9:.2f} GB state (fp32 params + AdamW moments), MLP {args.params:.3g} params on {device}; "
-             "stall = blocking + sum(step - median of the clean steps just before it) while the save is in "
-             "flight; medians exclude the first save (reported as first_stall_s). Written after the setup and "
-             "after every method: methods absent from metrics.summary were not reached.")  # fmt: skip
-    rec = make_record(name=name, figures=figures, config=cfg, metrics=metrics, notes=notes, environment=_env())
-    print(write_record(rec), file=sys.stderr, flush=True)
-
-
-_ENV: list[Any] = []
-
-
-def _env() -> Any:
-    """This machine's environment (carina doctor), collected once per run."""
-    if not _ENV:
-        from carina.core.doctor import collect
-        from carina.core.progress import to_jsonable
-
-        _ENV.append(to_jsonable(collect(paths=())))
-    return _ENV[0]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # carina.ckpt on the H100 machine: the stall record, the restore record (with peers), then the GPU tests.
+# Superseded by benchmarks/ckpt/h200.sh (overhead at intervals, peak host memory, Llama 125M-1.3B); kept as
+# the script session 2's H100 records name.
 # TIME BUDGET: 240 s of run time in all -- give the lane a limit of >= 250 s. Steps, each under `timeout`
 # (TERM, then KILL 2 s later): machine 5 s, stall 120 s, restore 75 s, GPU tests 40 s. BUDGET_S (default
 # 240) clips every step to the time left, so a smaller lane limit loses the last steps, not the records.
@@ -70,34 +72,6 @@ step "gpu tests (staging, writers, managed memory)" 40 \
   "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/ckpt/test_ckpt_gpu.py
 
 echo "== summary (total $(($(date +%s) - start)) s, status $status)"
-"$PYTHON" - "$OUT/ckpt" "$SUFFIX" <<'EOF'
-import json, sys
-from pathlib import Path
-root, suffix = Path(sys.argv[1]), sys.argv[2]
-stall = root / f"ckpt_stall{suffix}.json"
-if stall.is_file():
-    m = json.loads(stall.read_text())["metrics"]
-    print(f"stall: state {m['state_bytes'] / 1e9:.2f} GB, step {m['step_s_median'] * 1e3:.1f} ms, "
-          f"disk write {m['disk_write_Bps'] / 1e9:.2f} GB/s")
-    print(f"{'method':16} {'blocking_s':>10} {'stall_s':>9} {'durable_s':>9} {'first_s':>8}")
-    for r in m["summary"]:
-        if "stall_s_median" in r:
-            print(f"{r['method']:16} {r['blocking_s_median']:10.4f} {r['stall_s_median']:9.4f} "
-                  f"{r['durable_s_median']:9.3f} {r['first_stall_s']:8.3f}")
-        else:
-            print(f"{r['method']:16} {r.get('note', '')[:60]}")
-else:
-    print("stall: no record")
-restore = root / f"ckpt_restore{suffix}.json"
-if restore.is_file():
-    m = json.loads(restore.read_text())["metrics"]
-    print(f"restore: state {m['state_bytes'] / 1e9:.2f} GB, disk read {m['disk_read_Bps'] / 1e9:.2f} GB/s "
-          f"(ceiling {m['state_bytes'] / m['disk_read_Bps']:.2f} s); carina read+verify {m['read_verify_cold_s_median']:.3f} s")
-    print(f"{'method':16} {'cold_s':>8} {'warm_s':>8} {'cold_GB/s':>9} bitwise")
-    for r in m["summary"]:
-        print(f"{r['method']:16} {r['cold_s_median']:8.3f} {r['warm_s_median']:8.3f} {r['cold_GBps']:9.3f} {r['bitwise']}")
-else:
-    print("restore: no record")
-EOF
+"$PYTHON" benchmarks/ckpt/ckpt_summary.py "$OUT/ckpt" "$SUFFIX"
 echo "gpu tests: $(grep -E "[0-9]+ (passed|failed|skipped|error)" "$LOG" | head -1)"
 exit "$status"

@@ -206,3 +206,26 @@ def test_process_writer_refuses_small_shm(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(shm.os, "statvfs", lambda _: Tiny())
     with pytest.raises(CapacityError, match="/dev/shm"):
         shm.SharedArena(1 << 20)
+
+
+def test_default_arena_is_exact_and_shared_with_a_forked_writer(tmp_path: Path) -> None:
+    from carina.ckpt.shm import MappedArena
+    from carina.ckpt.staging import _grow
+
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.FORK, arena_bytes=3_000_000)) as ckpt:
+        image, handle = ckpt._stager._bufs[0]  # type: ignore[misc]
+        assert isinstance(handle, MappedArena)
+        assert image.numel() == _grow(3_000_000) == 3_190_784  # what was asked (not rounded to 4 MiB)
+    arena = MappedArena(10_000)
+    arena.tensor.fill_(7)
+    view = memoryview(arena.tensor.numpy())
+    pid = os.fork()
+    if pid == 0:  # a write in the child shows in the parent: the pages are shared, never copied on write
+        view[:4] = b"\x01\x02\x03\x04"
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert arena.tensor[:5].tolist() == [1, 2, 3, 4, 7] and arena.tensor.numel() == 10_000
+    del view
+    arena.close()
+    arena.close()
+    assert arena.tensor is None

@@ -19,7 +19,8 @@ class CheckpointConfig(Config):
         dir: Directory holding one ``step_N`` directory per checkpoint and ``latest``.
         keep_last: Committed checkpoints kept (older ones are deleted only after a
             newer one is durable); 0 keeps all.
-        writer: ``thread`` (default: lowest stall of the writers in the CPU record ckpt_stall_cpu),
+        writer: ``thread`` (default: a stall within 25% of the lowest, ``process``'s, in the CPU record
+            ckpt_stall_cpu, with no spawned process or /dev/shm; the GPU record's best_writer decides),
             ``fork`` (CRUM-style child), ``process`` (persistent spawned writer) or ``sync``.
         every_steps: :meth:`Checkpointer.maybe_save` saves when ``step % every_steps == 0``
             (0: only explicit saves).

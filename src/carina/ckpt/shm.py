@@ -1,20 +1,79 @@
-"""Shared-memory arenas for the ``process`` writer.
+"""Staging arenas: shared memory of exactly the size asked, page-locked when CUDA is present.
 
-A :class:`carina.memory.HostArena` is private to the trainer; the persistent
-writer process needs memory it can map by name. This arena is a POSIX shared
-memory segment viewed as a torch tensor, page-locked with ``cudaHostRegister``
-when CUDA is available so device-to-host copies into it stay asynchronous.
+Both kinds are viewed as a flat uint8 torch tensor and page-locked with
+``cudaHostRegister`` when CUDA is available, so device-to-host copies into them
+stay asynchronous:
+
+- :class:`MappedArena` (``thread``, ``fork`` and ``sync`` writers): an anonymous
+  ``MAP_SHARED`` mapping. torch's pinned allocator rounds every request up to a
+  power of two (a 1.7 GB arena would pin 2 GB, a 17 GB one 32 GB); a registered
+  mapping pins what it asks. Being shared, a forked writer child reads the
+  arena's own pages: no copy-on-write, and no copy of pinned pages at ``fork()``.
+- :class:`SharedArena` (``process`` writer): a POSIX shared-memory segment the
+  persistent writer process maps by name.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from multiprocessing import shared_memory
 from typing import Any
 
 from carina.core.errors import CapacityError
 
-__all__ = ["SharedArena", "attach", "shm_arena"]
+__all__ = ["MappedArena", "SharedArena", "attach", "mapped_arena", "shm_arena"]
+
+
+def _register(tensor: Any) -> bool:
+    """Page-lock ``tensor``'s memory for CUDA (False without CUDA or when the driver refuses)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return int(torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.numel(), 0)) == 0
+
+
+def _unregister(tensor: Any) -> None:
+    import torch
+
+    torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
+
+
+class MappedArena:
+    """An anonymous shared mapping of ``nbytes`` (page-aligned), pinned when CUDA is present."""
+
+    def __init__(self, nbytes: int) -> None:
+        import torch
+
+        self._map = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        self.tensor: Any = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes)
+        self.pinned = _register(self.tensor)
+
+    def close(self) -> None:
+        """Unpin and unmap (the mapping goes when the last view of it does)."""
+        if self.tensor is None:
+            return
+        if self.pinned:
+            _unregister(self.tensor)
+        self.tensor = None
+        try:
+            self._map.close()
+        except BufferError:  # views still exported: unmapped when they are collected
+            pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def mapped_arena(nbytes: int) -> tuple[Any, Any]:
+    """The default :data:`carina.ckpt.staging.ArenaFactory`."""
+    arena = MappedArena(nbytes)
+    return arena.tensor, arena
+
 
 _SHM_DIR = "/dev/shm"
 
@@ -37,19 +96,14 @@ class SharedArena:
         self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
         self.name = self._shm.name
         self.tensor: Any = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=nbytes)
-        self.pinned = False
-        if torch.cuda.is_available():
-            rc = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), nbytes, 0)
-            self.pinned = int(rc) == 0
+        self.pinned = _register(self.tensor)
 
     def close(self) -> None:
         """Unpin, unmap and unlink the segment."""
-        import torch
-
         if self.tensor is None:
             return
         if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            _unregister(self.tensor)
         self.tensor = None
         try:
             self._shm.close()

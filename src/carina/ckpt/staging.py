@@ -23,11 +23,10 @@ ArenaFactory = Callable[[int], tuple[Any, Any]]
 
 
 def host_arena(nbytes: int) -> tuple[Any, Any]:
-    """A :class:`carina.memory.HostArena` (pinned when CUDA is present) as one flat view."""
-    from carina.memory import HostArena
+    """A :class:`carina.ckpt.shm.MappedArena` of exactly ``nbytes`` (pinned when CUDA is present)."""
+    from carina.ckpt.shm import mapped_arena
 
-    arena = HostArena(nbytes, pin="auto")
-    return arena.alloc(nbytes, align=4096), arena
+    return mapped_arena(nbytes)
 
 
 @dataclass
