@@ -6,8 +6,17 @@
 #
 #   OUT=<dir> bash benchmarks/offload/h100_s2.sh                 # H100: records in $OUT/offload/
 #   DEVICE=cpu OUT=/tmp/offload_out bash benchmarks/offload/h100_s2.sh   # tiny sizes, proves the script
+#   PHASES="ideal carina_8k" BUDGET=200 OUT=<dir> bash benchmarks/offload/h100_s2.sh   # only those phases
 #
-# HARD TIME BUDGET: 420 s in total (BUDGET). Every step runs under `timeout`; a step gets at most its
+# PHASES (default: all) picks among: ideal carina_8k carina_32k fsdp2_8k notax_3b; the report then writes
+# records only for the carina configurations that ran. The script runs on any CUDA machine (an H200 too):
+# carina.core.bench labels the records with the machine it ran on; record names carry no machine name.
+# Each carina record holds metrics.step_split_s (the step's split: compute, recompute, waits on weights,
+# activations and the CPU optimizer, the step tail) and metrics.optim_rates (the CPU optimizer's rate in
+# the timed steps vs the same updates alone in the same process). OPTIM_THREADS sets carina's optimizer
+# worker threads (0: auto).
+#
+# HARD TIME BUDGET: 420 s in total (BUDGET; 200 s is enough for PHASES="ideal carina_8k"). Every step runs under `timeout`; a step gets at most its
 # own cap and never more than what is left of the budget minus the report's reserve; a step that
 # cannot get its minimum is skipped and its row says so.
 # Why 16 layers: carina keeps 20 B/param in host RAM (fp32 master 4, fp32 grad 4, bf16 staging 2,
@@ -28,6 +37,9 @@ export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PA
 PY=${PY:-python3}
 if [ "${DEVICE:-cuda}" = cpu ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 B="$PY benchmarks/offload/bench_s2.py"
+PHASES=${PHASES:-"ideal carina_8k carina_32k fsdp2_8k notax_3b"}
+OPTIM_THREADS=${OPTIM_THREADS:-0}
+want() { [[ " $PHASES " == *" $1 "* ]]; }
 START=$(date +%s)
 
 if [ "${DEVICE:-cuda}" = cpu ]; then   # tiny sizes: proves every phase and the report
@@ -56,17 +68,21 @@ step() {  # step NAME CAP MIN cmd...
   echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
   report 10   # records of everything measured so far, rewritten after each step
 }
+REPORT_TOKENS=$( { want carina_8k && echo $T8; want carina_32k && echo $T32; } | paste -sd, )
 report() {  # report SECONDS
-  timeout -k 2 "$1" $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens $T8,$T32 --tokens $T8 >>"$LOG" 2>&1 \
+  [ -n "$REPORT_TOKENS" ] || return 0
+  timeout -k 2 "$1" $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens "$REPORT_TOKENS" --tokens $T8 >>"$LOG" 2>&1 \
     || echo "== report failed (rc=$?)" | tee -a "$LOG"
 }
 
 { echo "== machine"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null; free -g; df -h /tmp | tail -1; nproc; } >>"$LOG" 2>&1
-step ideal        "${CAPS[0]}" 20 $B ideal  --work "$WORK" $COMMON
-step carina_8k    "${CAPS[1]}" 60 $B carina --work "$WORK" $COMMON --tokens $T8 --steps 3
-step carina_32k   "${CAPS[2]}" 60 $B carina --work "$WORK" $COMMON --tokens $T32 --steps 2
-[ "${DEVICE:-cuda}" != cpu ] && step fsdp2_8k "${CAPS[3]}" 45 $B fsdp2 --work "$WORK" $COMMON --tokens $T8 --steps 2
-step notax_3b     "${CAPS[4]}" "$NOTAX_MIN" $B notax --work "$WORK" $COMMON $NOTAX --tokens $T8 --steps 3
+echo "== phases: $PHASES (budget $BUDGET s)" | tee -a "$LOG"
+CARINA="--optim-threads $OPTIM_THREADS"
+want ideal      && step ideal      "${CAPS[0]}" 20 $B ideal  --work "$WORK" $COMMON
+want carina_8k  && step carina_8k  "${CAPS[1]}" 60 $B carina --work "$WORK" $COMMON $CARINA --tokens $T8 --steps 3
+want carina_32k && step carina_32k "${CAPS[2]}" 60 $B carina --work "$WORK" $COMMON $CARINA --tokens $T32 --steps 2
+[ "${DEVICE:-cuda}" != cpu ] && want fsdp2_8k && step fsdp2_8k "${CAPS[3]}" 45 $B fsdp2 --work "$WORK" $COMMON --tokens $T8 --steps 2
+want notax_3b   && step notax_3b   "${CAPS[4]}" "$NOTAX_MIN" $B notax --work "$WORK" $COMMON $NOTAX --tokens $T8 --steps 3
 # the final report always runs, inside the reserve
 report $(( RESERVE - 5 ))
 echo "== total $(( $(date +%s) - START )) s of the $BUDGET s budget" | tee -a "$LOG"
