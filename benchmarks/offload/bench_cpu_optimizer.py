@@ -20,6 +20,11 @@ bf16, as with a CUDA device), the fused CPU AdamW and ``step_timing=True``. Meas
   for the thread that runs carina's hooks and launches GPU work during backward).
 
     PYTHONPATH=$PWD/src nice .venv/bin/python benchmarks/offload/bench_cpu_optimizer.py
+    python benchmarks/offload/bench_cpu_optimizer.py --kernels-only --model llama2-7b --out $OUT/offload
+
+``--kernels-only`` runs only the last part (no training) on the block shape of a named model, e.g. a
+7B block (202M parameters, 3.2 GB of probe tensors) on the GPU machine's host, where the cores are
+not shared with other jobs; ``h100_s2.sh`` runs it as its ``cpu_optim`` phase.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import argparse
 import statistics
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,14 +61,13 @@ def build(args: argparse.Namespace, threads: int) -> tuple[Any, Any, Any]:
         use_cache=False,
     )
     model = LlamaForCausalLM(cfg).train()
-    block = sum(p.numel() for p in model.model.layers[0].parameters())
     ocfg = co.Config(
         device="cpu",
-        device_budget=int(4 * block * 2 * 2.5 + 8 * args.vocab * args.hidden),  # a few blocks of bf16 weights
+        device_budget=int(args.device_mib * 2**20),  # less than the model: blocks stream
         compute_dtype=args.dtype,
         cpu_optimizer="fused",
         cpu_optimizer_threads=threads,
-        activations="keep",
+        activations="plan",
         step_timing=True,
     )
     model, opt = co.wrap(model, ocfg, optimizer=torch.optim.AdamW(model.parameters(), **OPTIM))
@@ -104,6 +109,7 @@ def train(args: argparse.Namespace, threads: int) -> dict[str, Any]:
         "alone_update_s_per_step": a_upd / len(alone),
         "planned_optim_gparams": opt.hardware.optim / 1e9 if opt.hardware else None,
         "block_params": blocks[0].numel,
+        "block_sizes": [p.numel() for p in blocks[0].params],
         "blocks": len(blocks),
         "step_split": timed,
         "plan": handle.plan.counts() if handle.plan else None,
@@ -112,35 +118,53 @@ def train(args: argparse.Namespace, threads: int) -> dict[str, Any]:
     return out
 
 
-def fused_rate(numel: int, threads: int, reps: int, busy: bool = False) -> float:
-    """Params/s of fused AdamW over one ``numel`` tensor on a fresh thread with ``threads`` intra-op threads."""
+def kernel_rates(sizes: list[int], threads: list[int], rounds: int, reps: int) -> dict[str, float]:
+    """Params/s of fused AdamW over one block's parameters: as carina lays them out (one tensor per
+    parameter, views into a flat buffer) and as one flat tensor, for each intra-op team size, quiet
+    and beside one busy thread. Conditions alternate round by round; the median over rounds is kept.
+    """
+    total = sum(sizes)
+    flat = torch.zeros(total)
+    flat_grad = torch.full((total,), 1e-3)
+    offsets = [sum(sizes[:k]) for k in range(len(sizes))]
+    layouts = {
+        "pieces": [(flat[o : o + n], flat_grad[o : o + n]) for o, n in zip(offsets, sizes, strict=True)],
+        "flat": [(flat, flat_grad)],
+    }
+    opts = {}
+    for name, tensors in layouts.items():
+        params = [torch.nn.Parameter(t) for t, _ in tensors]
+        for q, (_, g) in zip(params, tensors, strict=True):
+            q.grad = g
+        opts[name] = torch.optim.AdamW(params, **OPTIM, fused=True)
+        opts[name].step()
+    workers = {t: optimizer_worker(t) for t in threads}
 
-    def run() -> float:
-        p = torch.nn.Parameter(torch.zeros(numel))
-        p.grad = torch.full((numel,), 1e-3)
-        opt = torch.optim.AdamW([p], **OPTIM, fused=True)
-        opt.step()
+    def timed(opt: torch.optim.Optimizer) -> float:
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
             opt.step()
             times.append(time.perf_counter() - t0)
-        return numel / statistics.median(times)
+        return statistics.median(times)
 
-    stop = threading.Event()
-    spinner = threading.Thread(target=_busy, args=(stop,), daemon=True) if busy else None
-    if spinner is not None:
-        spinner.start()
-    try:
-        ex = optimizer_worker(threads)
-        try:
-            return ex.submit(run).result()
-        finally:
-            ex.shutdown()
-    finally:
-        stop.set()
-        if spinner is not None:
-            spinner.join()
+    seen: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for busy in (False, True):
+            stop = threading.Event()
+            spinner = threading.Thread(target=_busy, args=(stop,), daemon=True)
+            if busy:
+                spinner.start()
+            for t, ex in workers.items():
+                for name, opt in opts.items():
+                    key = f"{'busy' if busy else 'quiet'}_{name}_threads_{t}"
+                    seen.setdefault(key, []).append(total / ex.submit(timed, opt).result() / 1e9)
+            stop.set()
+            if busy:
+                spinner.join()
+    for ex in workers.values():
+        ex.shutdown()
+    return {k: statistics.median(v) for k, v in seen.items()}
 
 
 def _busy(stop: threading.Event) -> None:
@@ -162,31 +186,96 @@ def probe_rates(numel: int, block: int) -> dict[str, float]:
     }
 
 
+def block_sizes(name: str) -> list[int]:
+    """Parameter sizes of one decoder block of a named Llama shape (q, k, v, o, gate, up, down, 2 norms)."""
+    from carina.offload.models import model_config
+
+    cfg = model_config(name)
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    kv = h // cfg.num_attention_heads * cfg.num_key_value_heads
+    return [h * h, h * kv, h * kv, h * h, h * i, h * i, h * i, h, h]
+
+
+def kernels_only(args: argparse.Namespace) -> None:
+    """The kernel figures alone, on ``args.model``'s block shape (see the module docstring)."""
+    n = torch.get_num_threads()
+    m = max(1, n - 1)
+    sizes = block_sizes(args.model)
+    rates = kernel_rates(sizes, sorted({n, m}, reverse=True), args.rounds, args.reps)
+    print(rates)
+    rec = make_record(
+        name=f"offload_cpu_optimizer_kernels_{args.model}",
+        figures=_kernel_figures(rates, n, m),
+        config={"model": args.model, "block_sizes": sizes, "rounds": args.rounds, "reps": args.reps,
+                "intra_op_threads": n, "optimizer": "AdamW(fused=True)", **OPTIM},
+        metrics={"kernel_rates": rates},
+        notes="Fused CPU AdamW over one decoder block's parameters, per-parameter tensors (views into one "
+        "flat buffer, as carina lays out its masters) or one flat tensor; intra-op teams of all threads and "
+        "of one fewer; quiet or beside one thread kept busy with small single-threaded torch ops (as the "
+        "thread that runs carina's hooks and launches GPU work during backward). Conditions alternate "
+        "round by round; medians over rounds.",
+    )  # fmt: skip
+    print("wrote", write_record(rec, directory=Path(args.out) if args.out else None))
+
+
+def _kernel_figures(busy: dict[str, float], n: int, m: int) -> list[Figure]:
+    return [
+        Figure(
+            name="optim_rate_beside_busy_thread",
+            value=busy[f"busy_pieces_threads_{m}"],
+            unit="Gparam/s",
+            ceiling=busy[f"quiet_pieces_threads_{n}"],
+            ceiling_source=f"the same block update (fused AdamW over its per-parameter tensors) with {n} threads, "
+            "no busy thread",
+            peers={
+                f"beside a busy thread, {n} threads (the worker before)": busy[f"busy_pieces_threads_{n}"],
+                f"quiet, {m} threads": busy[f"quiet_pieces_threads_{m}"],
+            },
+        ),
+        Figure(
+            name="optim_rate_per_parameter_tensors",
+            value=busy[f"quiet_pieces_threads_{n}"],
+            unit="Gparam/s",
+            ceiling=busy[f"quiet_flat_threads_{n}"],
+            ceiling_source=f"the same parameters as one flat tensor, {n} threads, quiet",
+            peers={
+                f"beside a busy thread, per-parameter tensors, {n} threads": busy[f"busy_pieces_threads_{n}"],
+                f"beside a busy thread, one flat tensor, {n} threads": busy[f"busy_flat_threads_{n}"],
+            },
+        ),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--rows", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device-mib", type=float, default=64.0, help="carina's device budget (MiB)")
+    ap.add_argument("--kernels-only", action="store_true", help="only the kernel figures, on --model's block")
+    ap.add_argument("--model", default="llama2-7b", help="--kernels-only: the block shape")
+    ap.add_argument("--out", default="", help="folder for the record (default: benchmarks/results/<machine>)")
     args = ap.parse_args()
+    if args.kernels_only:
+        kernels_only(args)
+        return
     n = torch.get_num_threads()
-    runs = {f"threads_{t}": train(args, t) for t in sorted({n, max(1, n - 1)}, reverse=True)}
+    m = max(1, n - 1)
+    runs = {f"threads_{t}": train(args, t) for t in sorted({n, m}, reverse=True)}
     main_run = runs[f"threads_{n}"]
     block, total = main_run["block_params"], main_run["block_params"] * main_run["blocks"]
     probes = probe_rates(total, block)
-    busy = {
-        f"{'busy' if b else 'quiet'}_threads_{t}": fused_rate(block, t, args.reps, busy=b) / 1e9
-        for b in (False, True)
-        for t in sorted({n, max(1, n - 1)}, reverse=True)
-    }
+    busy = kernel_rates(main_run["block_sizes"], sorted({n, m}, reverse=True), args.rounds, args.reps)
     for key, run in runs.items():
         print(key, {k: v for k, v in run.items() if k not in ("step_split",)})
     print(probes, busy)
-    fewer = runs[f"threads_{max(1, n - 1)}"]
+    fewer = runs[f"threads_{m}"]
     figs = [
         Figure(
             name="optim_rate_in_training",
@@ -202,17 +291,7 @@ def main() -> None:
                 "startup probe now (block-sized)": probes["probe_block_gparams"],
             },
         ),
-        Figure(
-            name="optim_rate_beside_busy_thread",
-            value=busy[f"busy_threads_{max(1, n - 1)}"],
-            unit="Gparam/s",
-            ceiling=busy[f"quiet_threads_{n}"],
-            ceiling_source=f"the same kernel and tensor with {n} threads and no busy thread",
-            peers={
-                f"beside a busy thread, {n} threads": busy[f"busy_threads_{n}"],
-                f"quiet, {max(1, n - 1)} threads": busy[f"quiet_threads_{max(1, n - 1)}"],
-            },
-        ),
+        *_kernel_figures(busy, n, m),
     ]
     rec = make_record(
         name="offload_cpu_optimizer_rate",
@@ -223,9 +302,9 @@ def main() -> None:
         notes="Shared 2-core CPU machine: compare figures within this record only. Rates are fused CPU AdamW "
         "parameter updates per second. On a CPU device the blocks' forward and backward run on the same cores "
         "as the optimizer worker, so 'in training' there includes contention a CUDA device does not have; "
-        "the busy-thread figure isolates the team-size effect.",
+        "the kernel figures (metrics.busy_thread) isolate the team-size and tensor-layout effects.",
     )
-    print("wrote", write_record(rec))
+    print("wrote", write_record(rec, directory=Path(args.out) if args.out else None))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,12 @@
 #
 #   OUT=<dir> bash benchmarks/offload/h100_s2.sh                 # H100: records in $OUT/offload/
 #   DEVICE=cpu OUT=/tmp/offload_out bash benchmarks/offload/h100_s2.sh   # tiny sizes, proves the script
-#   PHASES="ideal carina_8k" BUDGET=200 OUT=<dir> bash benchmarks/offload/h100_s2.sh   # only those phases
+#   PHASES="ideal carina_8k cpu_optim" BUDGET=200 OUT=<dir> bash benchmarks/offload/h100_s2.sh   # those phases
 #
-# PHASES (default: all) picks among: ideal carina_8k carina_32k fsdp2_8k notax_3b; the report then writes
+# PHASES (default: all but cpu_optim) picks among: ideal carina_8k carina_32k fsdp2_8k notax_3b cpu_optim
+# (cpu_optim: bench_cpu_optimizer.py --kernels-only, fused CPU AdamW over one 7B block with all threads or
+# one fewer, quiet or beside one busy thread, per-parameter tensors or one flat tensor; its record is
+# offload_cpu_optimizer_kernels_llama2-7b.json, written as soon as it ends); the report then writes
 # records only for the carina configurations that ran. The script runs on any CUDA machine (an H200 too):
 # carina.core.bench labels the records with the machine it ran on; record names carry no machine name.
 # Each carina record holds metrics.step_split_s (the step's split: compute, recompute, waits on weights,
@@ -46,11 +49,11 @@ if [ "${DEVICE:-cuda}" = cpu ]; then   # tiny sizes: proves every phase and the 
   COMMON="--device cpu --model tiny --layers 4 --truncate 2,4 --seq 64 --micro 2 --cap 0 --host-budget 0 --adam-probe 1048576 --tag tiny"
   T8=256; T32=1024; NOTAX="--model tiny --layers 4"
   export OMP_NUM_THREADS=1   # a shared CPU box: one intra-op thread keeps timings sane
-  CAPS=(60 90 90 60 90); NOTAX_MIN=30
+  CAPS=(60 90 90 60 90 60); NOTAX_MIN=30; KMODEL=tiny
 else
   COMMON="--model llama2-7b --layers 16 --seq 2048 --micro 4 --cap 24 --host-budget 110 --tag 7b16l"
   T8=8192; T32=32768; NOTAX="--model llama-3b --layers 26 --micro 1"
-  CAPS=(60 150 150 90 120); NOTAX_MIN=100   # ideal, carina 8k, carina 32k, fsdp2 8k, 3B no tax
+  CAPS=(60 150 150 90 120 40); NOTAX_MIN=100; KMODEL=llama2-7b   # ideal, carina 8k/32k, fsdp2, no tax, cpu_optim
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -83,6 +86,8 @@ want carina_8k  && step carina_8k  "${CAPS[1]}" 60 $B carina --work "$WORK" $COM
 want carina_32k && step carina_32k "${CAPS[2]}" 60 $B carina --work "$WORK" $COMMON $CARINA --tokens $T32 --steps 2
 [ "${DEVICE:-cuda}" != cpu ] && want fsdp2_8k && step fsdp2_8k "${CAPS[3]}" 45 $B fsdp2 --work "$WORK" $COMMON --tokens $T8 --steps 2
 want notax_3b   && step notax_3b   "${CAPS[4]}" "$NOTAX_MIN" $B notax --work "$WORK" $COMMON $NOTAX --tokens $T8 --steps 3
+want cpu_optim  && step cpu_optim  "${CAPS[5]}" 20 $PY benchmarks/offload/bench_cpu_optimizer.py --kernels-only \
+  --model $KMODEL --rounds 3 --reps 3 --out "$DIR"
 # the final report always runs, inside the reserve
 report $(( RESERVE - 5 ))
 echo "== total $(( $(date +%s) - START )) s of the $BUDGET s budget" | tee -a "$LOG"
