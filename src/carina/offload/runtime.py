@@ -86,6 +86,7 @@ class OffloadRuntime:
         self.other_act_bytes = 0
         self._entered: set[int] = set()
         self._t0 = 0.0
+        self._fwd_wait = 0.0  # this forward's time making blocks' weights resident (not compute)
         self.step_group: Any = None  # set by the optimizer: fn(group) updating masters in place
         self._handles: list[Any] = []
         self._install(model)
@@ -126,13 +127,14 @@ class OffloadRuntime:
         self.head.cancel()
         self._sync_if_profiling()
         self._t0 = time.perf_counter()
+        self._fwd_wait = 0.0
         self.ensure(self.rest)
         self.acts.begin_forward()
 
     def _model_post(self, module: nn.Module, args: Any, out: Any) -> None:
         if self.profiling and self.in_forward:
             self._sync_if_profiling()
-            self.fwd_total += time.perf_counter() - self._t0
+            self.fwd_total += time.perf_counter() - self._t0 - self._fwd_wait
             self.fwd_count += 1
             self.other_act_bytes = max(self.other_act_bytes, self.acts.other_bytes)
             self.head.note_output(out)
@@ -148,11 +150,15 @@ class OffloadRuntime:
             self._sync_if_profiling()
             if self.profiling and self.profile_swaps:
                 self.acts.profile_action(i)  # swap within the host allowance, else recompute
-            self.blocks[i].fwd_s -= time.perf_counter()
+            t0 = time.perf_counter()
             with self.phase("h2d_wait"):
                 self.ensure(self.blocks[i])
                 for j in range(i + 1, min(len(self.blocks), i + 1 + self.cfg.prefetch_depth)):
                     self.prefetch(self.blocks[j])
+            self._sync_if_profiling()  # the weights are in: the block's time is its compute (the plan adds transfers)
+            t1 = time.perf_counter()
+            self._fwd_wait += t1 - t0
+            self.blocks[i].fwd_s -= t1
             if self.timer is not None:
                 self.timer.switch("forward")
 
