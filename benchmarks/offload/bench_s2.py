@@ -217,6 +217,8 @@ def phase_carina(args: argparse.Namespace) -> None:
         host_budget=int(args.host_budget * 1e9) if args.host_budget else None,
         compute_dtype="bfloat16" if dev.type == "cuda" else "float32",
         grad_accumulation=accum,
+        cpu_optimizer_threads=args.optim_threads,
+        step_timing=True,  # the step's split into compute, waits and the optimizer (carina.offload.timing)
     )
     t0 = time.perf_counter()
     model, opt = co.wrap(model, ocfg, optimizer=opt)
@@ -244,6 +246,9 @@ def phase_carina(args: argparse.Namespace) -> None:
     moved0 = dict(handle.stats().moved)
     times = loop(step, args.steps, dev)
     st = handle.stats()
+    from carina.offload.timing import summarize
+
+    splits = handle.step_times()[-args.steps :]
     out = {
         "tokens": args.tokens,
         "accum": accum,
@@ -265,9 +270,40 @@ def phase_carina(args: argparse.Namespace) -> None:
         "hardware": vars(opt.hardware) if opt.hardware else None,
         "config": ocfg.to_dict(),
         "host": watch.report(),
+        "step_split": summarize(splits),
+        "step_splits": splits,
     }
+    out["optim_rates"] = optim_rates(handle, splits)
     handle.close()
     save(args, f"{args.prefix}carina_{args.tokens}", out)
+
+
+def optim_rates(handle: Any, splits: list[dict[str, float]]) -> dict[str, float]:
+    """The CPU optimizer's update rate in the timed steps vs the same updates alone, same process and params.
+
+    After the timed steps every block is updated once more (same masters, last gradients, state)
+    on the worker thread (its own thread count) and once on a fresh thread with all of PyTorch's
+    intra-op threads, nothing else running; the step timer's host totals give the rates.
+    """
+    from carina.offload.worker import optimizer_worker
+
+    rt, opt = handle.runtime, handle.optimizer
+    upd = sum(s.get("optim_update_s", 0.0) for s in splits)
+    params = sum(s.get("optim_params", 0.0) for s in splits)
+    out = {"worker_threads": rt.optim_threads, "intra_op_threads": torch.get_num_threads()}
+    out["in_training_gparams"] = params / upd / 1e9 if upd else 0.0
+    rt.timer.take_host()
+    full = optimizer_worker(torch.get_num_threads())
+    for name, ex in (("alone_worker_gparams", rt.worker), ("alone_all_threads_gparams", full)):
+        t0 = time.perf_counter()
+        for g in rt.blocks:
+            ex.submit(opt.step_group, g).result()
+        host = rt.timer.take_host()
+        out[name] = host.get("optim_params", 0.0) / max(host.get("optim_update_s", 0.0), 1e-9) / 1e9
+        out[name.replace("gparams", "wall_s")] = time.perf_counter() - t0
+        out[name.replace("gparams", "cast_s")] = host.get("optim_cast_s", 0.0)
+    full.shutdown()
+    return out
 
 
 def phase_fsdp2(args: argparse.Namespace) -> None:
@@ -375,6 +411,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tag", default="7b16l", help="report: record name part")
     ap.add_argument("--prefix", default="", help="name prefix of the phase's JSON")
+    ap.add_argument("--optim-threads", type=int, default=0, help="carina's CPU optimizer threads (0: auto)")
     ap.add_argument("--report-tokens", default="8192,32768", help="report: carina configurations")
     args = ap.parse_args()
     args.truncate = [int(x) for x in args.truncate.split(",")]

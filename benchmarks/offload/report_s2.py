@@ -114,6 +114,8 @@ def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], f
         "fraction_of_roofline": max(terms.values()) / run["step_s"] if terms else None,
         "host_memory": _host(run),
         "rates": rates,
+        "step_split_s": run.get("step_split"),  # median phase split of the timed steps (carina.offload.timing)
+        "optim_rates": run.get("optim_rates"),
     }
     rec = make_record(name=name, figures=figs, config=_config(args, tokens, run), metrics=metrics, notes=_NOTES)
     write_record(rec, directory=Path(args.out))

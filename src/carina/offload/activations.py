@@ -146,8 +146,9 @@ class ActivationManager:
             return packed.tensor
         if isinstance(packed, _Swap):
             self.rt.enter_backward(packed.block)
-            self._fetch(packed)
-            self.rt.mover.wait_on_compute(packed.fetched)
+            with self.rt.phase("act_wait"):
+                self._fetch(packed)
+                self.rt.mover.wait_on_compute(packed.fetched)
             packed.fetched = None
             assert packed.device is not None
             return packed.device

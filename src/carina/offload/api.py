@@ -56,6 +56,11 @@ class OffloadHandle:
         """The per-tier ledger."""
         return self.runtime.store
 
+    def step_times(self) -> list[dict[str, float]]:
+        """Each timed step's split (``Config(step_timing=True)``; see :mod:`carina.offload.timing`)."""
+        timer = self.runtime.timer
+        return list(timer.steps) if timer is not None else []
+
     def stats(self) -> StoreStats:
         """Bytes used, peak and budget per tier, bytes moved per route."""
         return self.runtime.store.stats()

@@ -24,7 +24,7 @@ from carina.core.errors import ConfigError
 from carina.memory.store import TensorStore
 from carina.memory.tiers import Tier
 
-__all__ = ["ParamGroup", "build_groups", "find_blocks", "release_device", "restore_device"]
+__all__ = ["ParamGroup", "build_groups", "find_blocks", "partition", "release_device", "restore_device"]
 
 
 def find_blocks(model: nn.Module, names: list[str]) -> list[tuple[str, nn.Module]]:
@@ -199,3 +199,20 @@ def _build(
             mp = nn.Parameter(master[sl].view(p.shape))
             group.masters.append(mp)
     return group
+
+
+def partition(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> list[tuple[str, Any, list[nn.Parameter]]]:
+    """Group trainable parameters by block; shared ones and the rest go to the last group."""
+    uses: dict[int, int] = {}
+    for _, mod in blocks:
+        for p in {id(q) for q in mod.parameters()}:
+            uses[p] = uses.get(p, 0) + 1
+    in_block: set[int] = set()
+    named: list[tuple[str, Any, list[nn.Parameter]]] = []
+    for name, mod in blocks:
+        params = [p for p in mod.parameters() if p.requires_grad and uses[id(p)] == 1 and id(p) not in in_block]
+        in_block.update(id(p) for p in params)
+        named.append((name, mod, params))
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in in_block]
+    named.append(("rest", None, rest))
+    return named

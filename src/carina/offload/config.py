@@ -99,6 +99,14 @@ class OffloadConfig(Config):
             PyTorch's default for CPU tensors is its per-tensor loop, about 5x slower than
             the fused CPU kernel on 16 cores; with a CUDA device the user's own step would
             not have run on the CPU at all, so ``auto`` takes the fused kernel there.
+        cpu_optimizer_threads: Intra-op threads of the CPU optimizer worker (0 = auto: with a
+            CUDA device one fewer than PyTorch's intra-op threads, leaving a core to the thread
+            that runs the hooks and issues GPU work, since the kernels split their work evenly
+            and a team with one thread short of a core waits for it; with a CPU device, which
+            computes on those threads too, PyTorch's count).
+        step_timing: Record where each step's time goes (:mod:`carina.offload.timing`): compute,
+            recompute, waits on streamed weights, swapped activations and the CPU optimizer,
+            and the optimizer's own work. For benchmarks; off by default.
     """
 
     device: str = "auto"
@@ -123,6 +131,8 @@ class OffloadConfig(Config):
     allocator_headroom: float = 0.05
     allocator: AllocatorMode = AllocatorMode.AUTO
     cpu_optimizer: CpuOptimizerImpl = CpuOptimizerImpl.AUTO
+    cpu_optimizer_threads: int = 0
+    step_timing: bool = False
 
     def validate(self) -> None:
         """Check ranges and combinations."""
@@ -154,6 +164,11 @@ class OffloadConfig(Config):
             0.0 <= self.allocator_headroom < 0.9,
             "allocator_headroom must be in [0, 0.9)",
             key="allocator_headroom",
+        )
+        require(
+            0 <= self.cpu_optimizer_threads <= 1024,
+            "cpu_optimizer_threads must be in 0..1024 (0: auto)",
+            key="cpu_optimizer_threads",
         )
         for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0", key=name)

@@ -98,20 +98,54 @@ def _copy_rate(src: torch.Tensor, dst: torch.Tensor, cuda: bool) -> float:
     return reps * src.numel() / max(time.perf_counter() - t0, 1e-9)
 
 
-def _optimizer_rate(optimizer: torch.optim.Optimizer, numel: int = 1 << 20) -> float:
-    p = torch.nn.Parameter(torch.zeros(numel))
-    p.grad = torch.full((numel,), 1e-3)
-    opt = type(optimizer)([p], **optimizer_kwargs(optimizer))
-    opt.step()
-    t0 = time.perf_counter()
-    reps = 3
-    for _ in range(reps):
+#: Elements of the CPU optimizer probe, at most: big enough that one step's fixed cost (the Python
+#: step, the thread team's fork/join, about 0.1 ms) is a few percent of the kernel even on 16 cores.
+OPTIM_PROBE_MAX = 1 << 25
+
+
+def _optimizer_rate(optimizer: torch.optim.Optimizer, numel: int = 1 << 20, threads: int = 0) -> float:
+    """Params/s of one step of ``optimizer``'s class and settings over one ``numel``-element tensor.
+
+    With ``threads``, this thread's intra-op team has that size while the probe runs (the
+    worker's size), then its own again. The probe runs here, not on the worker: each thread
+    allocates from its own malloc arena, and a probe's freed tensors there would stay in RSS.
+    """
+    before = torch.get_num_threads()
+    if threads and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        p = torch.nn.Parameter(torch.zeros(numel))
+        p.grad = torch.full((numel,), 1e-3)
+        opt = type(optimizer)([p], **optimizer_kwargs(optimizer))
         opt.step()
-    return reps * numel / max(time.perf_counter() - t0, 1e-9)
+        t0 = time.perf_counter()
+        reps = 3
+        for _ in range(reps):
+            opt.step()
+        return reps * numel / max(time.perf_counter() - t0, 1e-9)
+    finally:
+        if threads and threads != before:
+            torch.set_num_threads(before)
 
 
-def measure_hardware(device: torch.device, cfg: OffloadConfig, optimizer: torch.optim.Optimizer) -> Hardware:
-    """Rates for the plan: configured ones where given, else measured here (a fraction of a second)."""
+def measure_hardware(
+    device: torch.device,
+    cfg: OffloadConfig,
+    optimizer: torch.optim.Optimizer,
+    *,
+    block_numel: int = 1 << 20,
+    threads: int = 0,
+) -> Hardware:
+    """Rates for the plan: configured ones where given, else measured here (a fraction of a second).
+
+    Args:
+        device: The compute device.
+        cfg: The offload config (its rate overrides win).
+        optimizer: The CPU optimizer (its class and settings are probed).
+        block_numel: Parameters of the largest block: the optimizer probe steps a tensor that
+            large (at most :data:`OPTIM_PROBE_MAX`), as the real updates do.
+        threads: Intra-op threads of the thread the real updates run on (0: this thread's).
+    """
     cuda = device.type == "cuda"
     nbytes = (64 if cuda else 16) << 20
     h2d, d2h = cfg.h2d_gbps * 1e9, cfg.d2h_gbps * 1e9
@@ -120,7 +154,10 @@ def measure_hardware(device: torch.device, cfg: OffloadConfig, optimizer: torch.
         dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
         h2d = h2d or _copy_rate(host, dev, cuda)
         d2h = d2h or _copy_rate(dev, host, cuda)
-    optim = cfg.cpu_optimizer_gparams * 1e9 or _optimizer_rate(optimizer)
+    optim = cfg.cpu_optimizer_gparams * 1e9
+    if not optim:
+        numel = max(1 << 16, min(block_numel, OPTIM_PROBE_MAX))
+        optim = _optimizer_rate(optimizer, numel, threads)
     disk = cfg.disk_gbps * 1e9 or _DEFAULT_DISK
     add = _grad_add_rate(torch.bfloat16 if cuda else torch.float32) if cfg.grad_accumulation > 1 else 4e9
     return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk, grad_add=add)

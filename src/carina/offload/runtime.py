@@ -16,7 +16,7 @@ the original under ``torch.utils.checkpoint``.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import contextlib
 import functools
 import time
 from typing import Any
@@ -27,12 +27,16 @@ from torch import nn
 from carina.memory.store import TensorStore
 from carina.memory.tiers import Tier
 from carina.offload.activations import ActivationManager
-from carina.offload.blocks import ParamGroup, build_groups, release_device, restore_device
+from carina.offload.blocks import ParamGroup, build_groups, partition, release_device, restore_device
 from carina.offload.config import OffloadConfig, OverlapMode
 from carina.offload.simulator import Action
+from carina.offload.timing import StepTimer
+from carina.offload.worker import optimizer_threads, optimizer_worker
 from carina.offload.workspace import HeadWorkspace
 
 __all__ = ["OffloadRuntime"]
+
+_NO_PHASE = contextlib.nullcontext()
 
 
 class OffloadRuntime:
@@ -60,8 +64,10 @@ class OffloadRuntime:
         self.device = store.device
         self.mover = Mover(self.device)
         self.head = HeadWorkspace(self.device)  # before carina allocates anything on the device
-        self.worker = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-optim")
-        self.groups, self.pinned_bytes = build_groups(_partition(model, blocks), store, compute_dtype)
+        self.timer = StepTimer(self.device) if cfg.step_timing else None
+        self.optim_threads = optimizer_threads(cfg, self.device)
+        self.worker = optimizer_worker(self.optim_threads)
+        self.groups, self.pinned_bytes = build_groups(partition(model, blocks), store, compute_dtype)
         self.blocks = self.groups[:-1]
         self.rest = self.groups[-1]
         self.owner = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
@@ -80,6 +86,7 @@ class OffloadRuntime:
         self.other_act_bytes = 0
         self._entered: set[int] = set()
         self._t0 = 0.0
+        self._fwd_wait = 0.0  # this forward's time making blocks' weights resident (not compute)
         self.step_group: Any = None  # set by the optimizer: fn(group) updating masters in place
         self._handles: list[Any] = []
         self._install(model)
@@ -114,22 +121,28 @@ class OffloadRuntime:
             self.micro += 1
         self.in_forward = True
         self._entered.clear()
+        if self.timer is not None:
+            self.timer.begin()
+            self.timer.switch("outside")
         self.head.cancel()
         self._sync_if_profiling()
         self._t0 = time.perf_counter()
+        self._fwd_wait = 0.0
         self.ensure(self.rest)
         self.acts.begin_forward()
 
     def _model_post(self, module: nn.Module, args: Any, out: Any) -> None:
         if self.profiling and self.in_forward:
             self._sync_if_profiling()
-            self.fwd_total += time.perf_counter() - self._t0
+            self.fwd_total += time.perf_counter() - self._t0 - self._fwd_wait
             self.fwd_count += 1
             self.other_act_bytes = max(self.other_act_bytes, self.acts.other_bytes)
             self.head.note_output(out)
         self.acts.end_forward()
         self.in_forward = False
         self.current = None
+        if self.timer is not None:
+            self.timer.switch("outside")
 
     def _block_pre(self, i: int, module: nn.Module, args: Any) -> None:
         self.current = i
@@ -137,16 +150,25 @@ class OffloadRuntime:
             self._sync_if_profiling()
             if self.profiling and self.profile_swaps:
                 self.acts.profile_action(i)  # swap within the host allowance, else recompute
-            self.blocks[i].fwd_s -= time.perf_counter()
-            self.ensure(self.blocks[i])
-            for j in range(i + 1, min(len(self.blocks), i + 1 + self.cfg.prefetch_depth)):
-                self.prefetch(self.blocks[j])
+            t0 = time.perf_counter()
+            with self.phase("h2d_wait"):
+                self.ensure(self.blocks[i])
+                for j in range(i + 1, min(len(self.blocks), i + 1 + self.cfg.prefetch_depth)):
+                    self.prefetch(self.blocks[j])
+            self._sync_if_profiling()  # the weights are in: the block's time is its compute (the plan adds transfers)
+            t1 = time.perf_counter()
+            self._fwd_wait += t1 - t0
+            self.blocks[i].fwd_s -= t1
+            if self.timer is not None:
+                self.timer.switch("forward")
 
     def _block_post(self, i: int, module: nn.Module, args: Any, out: Any) -> None:
         self.current = None
         self.acts.end_block(i)
         if not self.in_forward:
             return
+        if self.timer is not None:
+            self.timer.switch("outside")
         self._sync_if_profiling()
         self.blocks[i].fwd_s += time.perf_counter()
         g = self.blocks[i]
@@ -163,9 +185,15 @@ class OffloadRuntime:
         return orig(*args, **kwargs)
 
     def _recompute_body(self, i: int, orig: Any, *args: Any, **kwargs: Any) -> Any:
-        if not self.in_forward:
-            self.enter_backward(i)
-        return orig(*args, **kwargs)
+        if self.in_forward:
+            return orig(*args, **kwargs)
+        self.enter_backward(i)
+        with self.phase("recompute"):
+            return orig(*args, **kwargs)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """The step timer's phase ``name`` for a with-block (nothing when timing is off)."""
+        return self.timer.phase(name) if self.timer is not None else _NO_PHASE
 
     def _sync_if_profiling(self) -> None:
         if self.profiling and self.mover.cuda:  # the compute stream only: side-stream copies are not compute
@@ -195,7 +223,9 @@ class OffloadRuntime:
 
     def prefetch(self, g: ParamGroup) -> None:
         """Start copying ``g``'s (updated) parameters to the device, if they are not there."""
-        self.wait_params(g)
+        if g.updates:
+            with self.phase("optim_wait"):
+                self.wait_params(g)
         if g.on_device and not g.stale:
             return
         restore_device(g, self.store)
@@ -219,21 +249,30 @@ class OffloadRuntime:
         self._entered.add(i)
         if i == len(self.blocks) - 1:
             self.head.close()
-        self.ensure(self.blocks[i])
-        for j in range(max(0, i - self.cfg.prefetch_depth), i):
-            self.prefetch(self.blocks[j])
-        if i > 0 and not self.profiling:
-            self.acts.prefetch(i - 1)
+        with self.phase("h2d_wait"):
+            self.ensure(self.blocks[i])
+            for j in range(max(0, i - self.cfg.prefetch_depth), i):
+                self.prefetch(self.blocks[j])
+            if i > 0 and not self.profiling:
+                self.acts.prefetch(i - 1)
+        if self.timer is not None:
+            self.timer.switch("backward")
 
     # -- gradients ---------------------------------------------------------------------------
     def _grad_hook(self, p: torch.Tensor) -> None:
+        with self.phase("grad_offload"):
+            self._offload_grad(p)
+
+    def _offload_grad(self, p: torch.Tensor) -> None:
         g, i = self.owner[id(p)]
         grad = p.grad
         p.grad = None
         assert grad is not None
         if g.grads_seen == 0:
             g.grad_mode = self._grad_mode(g)
-            self.wait_updates(g)  # the staging buffer (and the host gradient) are free again
+            if g.pending:
+                with self.phase("optim_wait"):
+                    self.wait_updates(g)  # the staging buffer (and the host gradient) are free again
             self.mover.wait_on_compute(g.acc_event)  # the accumulator's last shipment has left
             g.acc_event = None
             g.events = []
@@ -292,12 +331,18 @@ class OffloadRuntime:
             self.acts.block_done(g.index)
 
     def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool) -> None:
+        timer = self.timer
+        t0 = time.perf_counter()
         for event in events:
             self.mover.wait_on_host(event)
+        t1 = time.perf_counter()
         if how == "add":
             g.grad.add_(g.staging)
         elif how == "copy":
             g.grad.copy_(g.staging)
+        if timer is not None:
+            timer.add("optim_d2h_wait_s", t1 - t0)
+            timer.add("optim_fold_s", time.perf_counter() - t1)
         if eager:
             self.step_group(g)
 
@@ -375,20 +420,3 @@ class OffloadRuntime:
             if g.module is not None and "forward" in g.module.__dict__:
                 del g.module.forward
         self.worker.shutdown(wait=True)
-
-
-def _partition(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> list[tuple[str, Any, list[nn.Parameter]]]:
-    """Group trainable parameters by block; shared ones and the rest go to the last group."""
-    uses: dict[int, int] = {}
-    for _, mod in blocks:
-        for p in {id(q) for q in mod.parameters()}:
-            uses[p] = uses.get(p, 0) + 1
-    in_block: set[int] = set()
-    named: list[tuple[str, Any, list[nn.Parameter]]] = []
-    for name, mod in blocks:
-        params = [p for p in mod.parameters() if p.requires_grad and uses[id(p)] == 1 and id(p) not in in_block]
-        in_block.update(id(p) for p in params)
-        named.append((name, mod, params))
-    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in in_block]
-    named.append(("rest", None, rest))
-    return named

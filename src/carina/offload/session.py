@@ -11,6 +11,7 @@ during backward or at ``step()``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -102,13 +103,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time)."""
         self._unspill(g)
         self._attach_grads(g)
+        t0 = time.perf_counter()
         try:
             self.inner.step()
         finally:
             for mp in g.masters:
                 mp.grad = None
+        t1 = time.perf_counter()
         if g.host_copy is not g.master:
             g.host_copy.copy_(g.master)
+        timer = self.rt.timer
+        if timer is not None:
+            timer.add("optim_update_s", t1 - t0)
+            timer.add("optim_cast_s", time.perf_counter() - t1)
+            timer.add("optim_params", g.numel)
         g.stale = True
         g.stepped = True
         if g.index not in self._charged:
@@ -170,6 +178,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         rt = self.rt
+        if rt.timer is not None:
+            rt.timer.switch("step")
         rt.drain()
         new_plan = None
         if rt.profiling and self.steps + 1 >= self.cfg.profile_steps:
@@ -194,6 +204,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 [b.resident for b in new_plan.blocks],
                 [b.grad_on_device for b in new_plan.blocks],
             )
+        if rt.timer is not None:
+            rt.timer.end_step()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -208,7 +220,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Plan from what profiling recorded; raises CapacityError when nothing fits."""
         rt = self.rt
         if self.hardware is None:
-            self.hardware = measure_hardware(rt.device, self.cfg, self.inner)
+            largest = max((g.numel for g in rt.blocks), default=1 << 20)
+            self.hardware = measure_hardware(
+                rt.device, self.cfg, self.inner, block_numel=largest, threads=rt.optim_threads
+            )
         count = max(1, rt.fwd_count)
         prof = model_profile(
             rt.blocks,
