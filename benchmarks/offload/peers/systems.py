@@ -54,6 +54,7 @@ def run_carina(spec: RunSpec) -> RunResult:
     import torch
 
     import carina.offload as co
+    from carina.offload.timing import summarize
 
     device = resolve_device(spec.device)
     model = build_model(spec, device="cpu")
@@ -67,6 +68,7 @@ def run_carina(spec: RunSpec) -> RunResult:
         nvme_budget=(200 << 30) if spec.nvme_path else 0,
         # bf16 weights on the device (fp32 masters on the host), as FSDP2's bf16 param policy; fp32 on the CPU.
         compute_dtype=co.ComputeDtype.BFLOAT16 if device.startswith("cuda") else co.ComputeDtype.AUTO,
+        step_timing=True,  # the phase split of each step (CUDA events; cheap), kept in the record
     )
     model, opt = co.wrap(model, cfg, optimizer=torch.optim.AdamW(model.parameters(), **OPTIM))
     cap_gpu(spec, device)
@@ -88,6 +90,7 @@ def run_carina(spec: RunSpec) -> RunResult:
         "plan": handle.plan.summary() if handle.plan is not None else None,
         # steps timed that were still carina's profiling steps (0 when warmup > profile_steps)
         "profiling_steps_timed": max(0, cfg.profile_steps - spec.warmup),
+        "step_split": summarize(handle.step_times()[-spec.steps :]),
     }
     return result
 
