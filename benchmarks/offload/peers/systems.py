@@ -70,6 +70,9 @@ def run_carina(spec: RunSpec) -> RunResult:
         compute_dtype=co.ComputeDtype.BFLOAT16 if device.startswith("cuda") else co.ComputeDtype.AUTO,
         step_timing=True,  # the phase split of each step (CUDA events; cheap), kept in the record
     )
+    extra = os.environ.get("PEERS_CARINA_CONFIG", "")  # a diagnostic knob of this harness: JSON merged into cfg
+    if extra:
+        cfg = co.OffloadConfig.from_dict({**cfg.to_dict(), **json.loads(extra)})
     model, opt = co.wrap(model, cfg, optimizer=torch.optim.AdamW(model.parameters(), **OPTIM))
     cap_gpu(spec, device)
     handle = co.handle_of(model)
