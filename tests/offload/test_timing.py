@@ -35,7 +35,7 @@ def test_phases_partition_each_step_and_count_every_update(policy):
         assert split["forward_s"] > 0 and split["backward_s"] > 0 and split["h2d_wait_s"] > 0
     planned = steps[-1]  # under the plan the policy is in force everywhere
     assert (planned["recompute_s"] > 0) == (policy == "recompute")
-    assert (planned["act_wait_s"] > 0) == (policy == "swap")
+    assert (planned["act_wait_s"] > 0) == (planned["act_offload_s"] > 0) == (policy == "swap")
     handle.close()
 
 

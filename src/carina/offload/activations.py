@@ -125,9 +125,10 @@ class ActivationManager:
             return acts.seen[key][0]
         acts.saved_bytes += nbytes
         if rt.actions[i] is Action.SWAP and nbytes >= SWAP_MIN_BYTES:
-            host = rt.store.empty(tuple(t.shape), t.dtype, Tier.HOST, f"block {i} activation")
+            with rt.phase("act_offload"):
+                host = rt.store.empty(tuple(t.shape), t.dtype, Tier.HOST, f"block {i} activation")
+                packed: Any = _Swap(i, host, rt.mover.to_host(host, t))
             acts.host_bytes += nbytes
-            packed: Any = _Swap(i, host, rt.mover.to_host(host, t))
             rt.store.note_move(Tier.DEVICE, Tier.HOST, nbytes)
             acts.swaps.append(packed)
         else:

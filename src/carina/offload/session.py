@@ -22,6 +22,7 @@ from carina.core.errors import ConfigError
 from carina.memory.tiers import Tier
 from carina.offload.blocks import ParamGroup
 from carina.offload.config import CpuOptimizerImpl, OffloadConfig
+from carina.offload.flatstep import FlatStep
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
 from carina.offload.runtime import OffloadRuntime
@@ -70,13 +71,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.budgets = budgets
         self.on_plan = on_plan
         master_of = {id(p): g.masters[i] for g in runtime.groups for i, p in enumerate(g.params)}
+        kwargs = _inner_kwargs(user, self.cfg, runtime.device)
+        given = optimizer_kwargs(user)
+        # the implementation carina chose must reach every group: a group's own "fused": None wins over defaults
+        chosen: dict[str, Any] = {
+            k: kwargs[k] for k in ("fused", "foreach") if k in kwargs and kwargs[k] != given.get(k)
+        }
         groups = []
         for group in user.param_groups:
             missing = [p for p in group["params"] if id(p) not in master_of]
             if missing:
                 raise ConfigError("the optimizer holds parameters that are not the model's", key="optimizer")
-            groups.append({**group, "params": [master_of[id(p)] for p in group["params"]]})
-        self.inner = type(user)(groups, **_inner_kwargs(user, self.cfg, runtime.device))
+            groups.append({**group, **chosen, "params": [master_of[id(p)] for p in group["params"]]})
+        self.inner = type(user)(groups, **kwargs)
         super().__init__([dict(g) for g in self.inner.param_groups], self.inner.defaults)
         self._share()
         self.masters = [master_of[id(p)] for p in runtime.model.parameters() if id(p) in master_of]
@@ -88,6 +95,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._charged: set[int] = set()
         self.spill: set[int] = set()  # blocks whose optimizer state lives on NVMe between updates
         self._spilled: dict[int, list[tuple[Any, str, tuple[int, ...], torch.dtype]]] = {}
+        self.flat_updates = True  # fused optimizers step each block as one flat tensor (FlatStep)
+        self._flat: dict[int, FlatStep | None] = {}
         runtime.step_group = self.step_group
 
     def _share(self) -> None:
@@ -102,13 +111,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def step_group(self, g: ParamGroup) -> None:
         """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time)."""
         self._unspill(g)
-        self._attach_grads(g)
+        flat = self._flat_step(g)
         t0 = time.perf_counter()
-        try:
-            self.inner.step()
-        finally:
-            for mp in g.masters:
-                mp.grad = None
+        if flat is not None:
+            flat.step()
+        else:
+            self._attach_grads(g)
+            try:
+                self.inner.step()
+            finally:
+                for mp in g.masters:
+                    mp.grad = None
         t1 = time.perf_counter()
         if g.host_copy is not g.master:
             g.host_copy.copy_(g.master)
@@ -131,8 +144,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if g.index in self.spill:
             self._spill(g)
 
+    def _flat_step(self, g: ParamGroup) -> FlatStep | None:
+        """The block's one-kernel update (:mod:`carina.offload.flatstep`), where it applies."""
+        if not self.flat_updates or g.index in self.spill:
+            return None
+        if g.index not in self._flat:
+            self._flat[g.index] = FlatStep.for_group(self.inner, g)
+        return self._flat[g.index]
+
     def _spill(self, g: ParamGroup, uncharge: bool = True) -> None:
         """Write ``g``'s optimizer state to the NVMe tier and drop it from host RAM."""
+        self._flat.pop(g.index, None)  # its flat state would keep the host bytes alive
         store = self.rt.store
         shapes: list[tuple[Any, str, tuple[int, ...], torch.dtype]] = []
         for k, mp in enumerate(g.masters):
@@ -290,6 +312,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for mp, name, _, _ in shapes:
                 self.rt.store.drop(f"state/{gi}/{local[id(mp)]}/{name}")
         self._spilled.clear()
+        self._flat.clear()  # rebuilt from the loaded per-parameter state at the next update
         self.inner.load_state_dict(state_dict)
         self._share()
         for g in self.rt.groups:

@@ -1,8 +1,9 @@
 """Where a wrapped model's step time goes: a per-step split, measured only when asked.
 
 With ``Config(step_timing=True)`` the runtime names a *phase* at each of its hooks
-(block forward, backward, recompute, waits on streamed weights, on swapped
-activations and on the CPU optimizer, gradient offload, the step tail) and marks
+(block forward, backward, recompute, waits on streamed weights, swapping
+activations out and waiting for them back, waits on the CPU optimizer, gradient
+offload, the step tail) and marks
 each switch on the compute stream: a CUDA event there on CUDA, a host timestamp on
 the CPU. The intervals between consecutive marks partition the compute stream's
 timeline from the step's first forward to the end of ``optimizer.step()``, so the
@@ -39,6 +40,7 @@ PHASES = (
     "backward",  # blocks' backward compute (recompute excluded)
     "recompute",  # blocks' forward run again in backward (activation policy recompute)
     "h2d_wait",  # making streamed weights resident: waiting for their prefetch (or, on CPU, copying)
+    "act_offload",  # swapping activations out in forward: host buffers and issuing the copies (CPU: copying)
     "act_wait",  # bringing swapped activations back for backward
     "optim_wait",  # blocked on the CPU optimizer: a block's update before its weights can be fetched
     "grad_offload",  # gradient hooks: gradients to host staging or into device accumulators

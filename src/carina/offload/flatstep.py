@@ -1,0 +1,104 @@
+"""One fused optimizer step per block, over the block's flat buffers.
+
+A block's float32 masters are views into one flat buffer, its gradients views into
+another. PyTorch's fused CPU kernels (Adam, AdamW, SGD, Adagrad) run one parallel
+region per parameter tensor, each split evenly over the thread team and ending when
+its slowest thread does, so a decoder block's update is 9 such regions; where cores
+are contended every region waits (``benchmarks/offload/bench_cpu_optimizer.py``).
+:class:`FlatStep` keeps the block's optimizer state flat as well and steps the whole
+block as one tensor. The per-parameter state that the user's optimizer holds (and
+that ``state_dict()`` returns) becomes views into the flat state, so nothing outside
+sees a difference: the kernels are elementwise, so each element's update is the
+same as in the per-parameter step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from carina.offload.blocks import ParamGroup
+
+__all__ = ["FlatStep"]
+
+
+class FlatStep:
+    """A private optimizer of the user's class over one block's flat master buffer.
+
+    Args:
+        inner: The optimizer over the masters (its class, the block's param group).
+        group: The block.
+        options: The block's param group in ``inner`` (hyperparameters are read from it
+            at every step, so LR schedulers apply).
+    """
+
+    def __init__(self, inner: torch.optim.Optimizer, group: ParamGroup, options: dict[str, Any]) -> None:
+        self.inner, self.group, self.options = inner, group, options
+        self.param = nn.Parameter(group.master, requires_grad=True)
+        accepted = inspect.signature(type(inner).__init__).parameters
+        kwargs = {k: v for k, v in options.items() if k != "params" and k in accepted}
+        self.opt = type(inner)([self.param], **kwargs)
+        self._adopt()
+
+    @classmethod
+    def for_group(cls, inner: torch.optim.Optimizer, group: ParamGroup) -> FlatStep | None:
+        """A FlatStep for ``group`` when it applies: a fused optimizer, one param group, uniform state."""
+        ids = {id(mp) for mp in group.masters}
+        owners = [g for g in inner.param_groups if ids & {id(p) for p in g["params"]}]
+        if len(owners) != 1 or not owners[0].get("fused") or len(group.masters) < 2:
+            return None
+        if not ids <= {id(p) for p in owners[0]["params"]}:
+            return None
+        states = [inner.state.get(mp, {}) for mp in group.masters]
+        if any(states) and not all(s.keys() == states[0].keys() for s in states):
+            return None
+        return cls(inner, group, owners[0])
+
+    def _adopt(self) -> None:
+        """Start the flat state from the per-parameter state, if the parameters have any."""
+        g = self.group
+        states = [self.inner.state.get(mp, {}) for mp in g.masters]
+        if not states[0]:
+            return
+        flat: dict[str, Any] = {}
+        for key, first in states[0].items():
+            per_element = key != "step" and all(
+                isinstance(s[key], torch.Tensor) and s[key].numel() == mp.numel()
+                for s, mp in zip(states, g.masters, strict=True)
+            )
+            if per_element:
+                flat[key] = torch.cat([s[key].reshape(-1) for s in states])
+            else:
+                flat[key] = first.clone() if isinstance(first, torch.Tensor) else first
+        self.opt.state[self.param] = flat
+        self._link()
+
+    def _link(self) -> None:
+        """Make the per-parameter state views into the flat state (the step count is shared)."""
+        g = self.group
+        flat = self.opt.state[self.param]
+        for i, mp in enumerate(g.masters):
+            sl = g.slot(i)
+            self.inner.state[mp] = {
+                key: (t[sl].view(mp.shape) if key != "step" and isinstance(t, torch.Tensor) else t)
+                for key, t in flat.items()
+            }
+
+    def step(self) -> None:
+        """Update the block's masters from its flat float32 gradient."""
+        pg = self.opt.param_groups[0]
+        for key, value in self.options.items():
+            if key != "params":
+                pg[key] = value
+        first = not self.opt.state.get(self.param)
+        self.param.grad = self.group.grad
+        try:
+            self.opt.step()
+        finally:
+            self.param.grad = None
+        if first:
+            self._link()
