@@ -21,8 +21,9 @@
 # Records are written into $OUT/ckpt/ as each step goes (after every method), never only at the end;
 # at most 4 files: ckpt_stall_h200.json, ckpt_overhead_h200.json, ckpt_restore_h200.json, h200.log.
 # Key figures are printed last in a short table (also in h200.log).
-# Peak scratch disk ~35 GB at 1.3B (~10 GB without), host RAM ~40 GB at 1.3B, /dev/shm 2x state for the
-# process writer (an error is recorded and the run goes on if /dev/shm is smaller).
+# Peak scratch disk ~35 GB at 1.3B (~10 GB without), host RAM ~55 GB at 1.3B (two 17 GB arenas, DCP's staged
+# copy), /dev/shm 2x state for the process writer (an error is recorded and the run goes on if /dev/shm
+# is smaller).
 # Usage (repository root): OUT=<dir> bash benchmarks/ckpt/h200.sh
 # Proof on a CPU machine with tiny sizes: DEVICE=cpu OUT=/tmp/ckpt_out bash benchmarks/ckpt/h200.sh
 set -uo pipefail

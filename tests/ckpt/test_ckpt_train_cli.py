@@ -47,7 +47,7 @@ def test_train_killed_and_resumed_is_bitwise(tmp_path: Path) -> None:
     assert ref["result"]["losses"] == plain  # the checkpointing loop trains exactly as offload's
     assert ref["ckpt"] == {"resumed_from": 0, "saved": [2, 4, 6], "dir": str(ref_dir)}
     cmd = [sys.executable, "-c", "from carina.cli.app import main; main()", *_ARGS]
-    env = {**os.environ, KILL_ENV: "5"}  # SIGKILL right after step 5: the step-4 save may still be in flight
+    env = {**os.environ, KILL_ENV: "5"}  # SIGKILL after step 5, step 2 committed: the step-4 save may be in flight
     killed = subprocess.run([*cmd, "--ckpt-every", "2", "--ckpt-dir", str(run_dir)], env=env, capture_output=True,
                             timeout=300, check=False)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr

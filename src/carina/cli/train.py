@@ -38,7 +38,8 @@ import typer
 
 __all__ = ["CkptOptions", "app", "run_checkpointed"]
 
-#: Test hook: SIGKILL this process right after the given step (a crash mid-run, mid-save).
+#: Test hook: SIGKILL this process right after the given step (a crash mid-run, mid-save), once the
+#: save before the latest is committed (the latest may still be in flight).
 KILL_ENV = "CARINA_TRAIN_KILL_AFTER_STEP"
 
 
@@ -85,11 +86,26 @@ def run_checkpointed(
             if ckpt.maybe_save(done, state) is not None:
                 saved.append(done)
             if done == kill_after:
+                _await_older_commit(ckpt, done - opts.every)
                 os.kill(os.getpid(), signal.SIGKILL)
 
         result = run(cfg, on_step, resume=resume, after_step=after_step)
         ckpt.wait()
     return result, {"resumed_from": start, "saved": saved, "dir": opts.dir}
+
+
+def _await_older_commit(ckpt: Any, step: int, timeout_s: float = 60.0) -> None:
+    """Test hook: before the kill, wait until a checkpoint at or before ``step`` is committed.
+
+    The latest save may still be in flight when the kill lands; the one before it has had time
+    on a quiet machine but not always on a loaded one, and a test of resuming needs something to
+    resume from.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while step > 0 and not any(c.step <= step for c in ckpt.list()) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _build(params: dict[str, Any]) -> Any:
