@@ -1,5 +1,7 @@
 """The offload runtime: module hooks that stream parameters and gradients.
 
+The gradient half lives in :mod:`carina.offload.gradients` (:class:`GradientPath`, a base of the runtime).
+
 Per block, a forward pre-hook makes its parameters resident and prefetches
 the next ``prefetch_depth`` blocks; a forward hook frees them again. In
 backward, the first saved tensor of a block that autograd unpacks makes it
@@ -28,7 +30,8 @@ from carina.memory.store import TensorStore
 from carina.memory.tiers import Tier
 from carina.offload.activations import ActivationManager
 from carina.offload.blocks import ParamGroup, build_groups, partition, release_device, restore_device
-from carina.offload.config import OffloadConfig, OverlapMode
+from carina.offload.config import OffloadConfig
+from carina.offload.gradients import GradientPath
 from carina.offload.simulator import Action
 from carina.offload.timing import StepTimer
 from carina.offload.worker import optimizer_threads, optimizer_worker
@@ -39,7 +42,7 @@ __all__ = ["OffloadRuntime"]
 _NO_PHASE = contextlib.nullcontext()
 
 
-class OffloadRuntime:
+class OffloadRuntime(GradientPath):
     """Owns a wrapped model's parameter groups, hooks, copies and CPU worker.
 
     Args:
@@ -258,94 +261,6 @@ class OffloadRuntime:
         if self.timer is not None:
             self.timer.switch("backward")
 
-    # -- gradients ---------------------------------------------------------------------------
-    def _grad_hook(self, p: torch.Tensor) -> None:
-        with self.phase("grad_offload"):
-            self._offload_grad(p)
-
-    def _offload_grad(self, p: torch.Tensor) -> None:
-        g, i = self.owner[id(p)]
-        grad = p.grad
-        p.grad = None
-        assert grad is not None
-        if g.grads_seen == 0:
-            g.grad_mode = self._grad_mode(g)
-            if g.pending:
-                with self.phase("optim_wait"):
-                    self.wait_updates(g)  # the staging buffer (and the host gradient) are free again
-            self.mover.wait_on_compute(g.acc_event)  # the accumulator's last shipment has left
-            g.acc_event = None
-            g.events = []
-        flat = grad.reshape(-1)
-        if g.grad_mode == "host":
-            g.events.append(self.mover.to_host(g.staging[g.slot(i)], flat))
-            self.store.note_move(Tier.DEVICE, Tier.HOST, grad.numel() * grad.element_size())
-        else:
-            assert g.acc is not None
-            acc = g.acc[g.slot(i)]
-            if g.acc_count == 0:
-                acc.copy_(flat)  # exactly what the host path does with the first micro-batch
-            else:
-                acc.add_(flat)
-            if g.grad_mode == "ship":
-                g.events.append(self.mover.to_host(g.grad[g.slot(i)], acc))
-                self.store.note_move(Tier.DEVICE, Tier.HOST, acc.numel() * acc.element_size())
-        g.grads_seen += 1
-        if g.grads_seen == len(g.params):
-            self._grads_done(g)
-
-    def _grad_mode(self, g: ParamGroup) -> str:
-        """Where this backward's gradients of ``g`` go: host staging, the device accumulator, or out of it."""
-        if g.acc is None or g.has_grad:
-            return "host"
-        return "ship" if self.micro % self.cfg.grad_accumulation == 0 else "acc"
-
-    def overlap_now(self) -> bool:
-        """Whether a block may be updated during this backward (exact and allowed)."""
-        mode = self.cfg.overlap
-        if self.profiling or mode is OverlapMode.STEP or self.step_group is None:
-            return False
-        if mode is OverlapMode.AUTO and self.cfg.max_grad_norm is not None:
-            return False
-        return self.micro % self.cfg.grad_accumulation == 0
-
-    def _grads_done(self, g: ParamGroup) -> None:
-        events, g.events, g.grads_seen = g.events, [], 0
-        if g.grad_mode == "acc":
-            g.acc_count += 1  # nothing leaves the device until the last micro-batch
-        else:
-            if g.grad_mode == "ship":
-                how, g.acc_count = "none", 0
-                g.acc_event = events[-1] if events else None  # the D2H stream runs in order
-            else:
-                how = "add" if g.has_grad else "copy"
-            g.has_grad = True
-            eager = self.overlap_now()
-            fut = self.worker.submit(self._consume, g, events, how, eager)
-            g.pending.append(fut)
-            if eager:
-                g.updates.append(fut)
-        if g.module is not None:
-            if not g.resident:
-                self._release(g)
-            self.acts.block_done(g.index)
-
-    def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool) -> None:
-        timer = self.timer
-        t0 = time.perf_counter()
-        for event in events:
-            self.mover.wait_on_host(event)
-        t1 = time.perf_counter()
-        if how == "add":
-            g.grad.add_(g.staging)
-        elif how == "copy":
-            g.grad.copy_(g.staging)
-        if timer is not None:
-            timer.add("optim_d2h_wait_s", t1 - t0)
-            timer.add("optim_fold_s", time.perf_counter() - t1)
-        if eager:
-            self.step_group(g)
-
     # -- step boundary -----------------------------------------------------------------------
     def drain(self) -> None:
         """Wait for every queued CPU task; free blocks and activations a backward left behind."""
@@ -360,20 +275,6 @@ class OffloadRuntime:
                 self._release(g)
         self.acts.clear()
         self._entered.clear()
-
-    def flush_accumulator(self, g: ParamGroup) -> None:
-        """Ship a device accumulator that still holds micro-batches (a step came early) to the host."""
-        if g.acc is None or not g.acc_count:
-            return
-        self.mover.wait_on_compute(g.acc_event)
-        g.grad.copy_(g.acc)  # a blocking copy after the compute stream's adds
-        self.store.note_move(Tier.DEVICE, Tier.HOST, g.acc.numel() * g.acc.element_size())
-        g.acc_count, g.acc_event, g.has_grad = 0, None, True
-
-    def discard_accumulators(self) -> None:
-        """Forget gradients summed on the device (``zero_grad``)."""
-        for g in self.blocks:
-            g.acc_count = 0
 
     def reset_timings(self) -> None:
         """Forget forward times recorded so far (keeps activation sizes)."""

@@ -1,0 +1,159 @@
+"""The gradient path of the offload runtime: from each parameter's gradient to the CPU optimizer.
+
+Each parameter's post-accumulate-grad hook copies its gradient to host staging (or adds it
+to the block's device accumulator, planned for gradient accumulation) and drops it from the
+device; when a block's last gradient is in, the CPU worker folds the staging into the
+float32 gradient and, when the update is exact (last micro-batch, no clipping), updates the
+block's master weights at once while backward continues (Ratel's active gradient offloading).
+:class:`GradientPath` is the part of :class:`~carina.offload.runtime.OffloadRuntime` that does
+this; the runtime owns the state it reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from carina.memory.tiers import Tier
+from carina.offload.blocks import ParamGroup
+from carina.offload.config import OverlapMode
+
+if TYPE_CHECKING:
+    import concurrent.futures as cf
+
+    from carina.memory.store import TensorStore
+    from carina.offload.activations import ActivationManager
+    from carina.offload.config import OffloadConfig
+    from carina.offload.streams import Mover
+    from carina.offload.timing import StepTimer
+
+__all__ = ["GradientPath"]
+
+
+class GradientPath:
+    """Gradient hooks, the CPU worker's fold-and-update task, and the device accumulators."""
+
+    if TYPE_CHECKING:  # owned by OffloadRuntime
+        cfg: OffloadConfig
+        store: TensorStore
+        mover: Mover
+        worker: cf.ThreadPoolExecutor
+        timer: StepTimer | None
+        acts: ActivationManager
+        owner: dict[int, tuple[ParamGroup, int]]
+        blocks: list[ParamGroup]
+        profiling: bool
+        micro: int
+        step_group: Any
+
+        def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+            """The runtime's step-timer phase."""
+
+        def wait_updates(self, g: ParamGroup) -> None:
+            """The runtime's wait for ``g``'s queued CPU work."""
+
+        def _release(self, g: ParamGroup) -> None: ...
+
+    def _grad_hook(self, p: torch.Tensor) -> None:
+        with self.phase("grad_offload"):
+            self._offload_grad(p)
+
+    def _offload_grad(self, p: torch.Tensor) -> None:
+        g, i = self.owner[id(p)]
+        grad = p.grad
+        p.grad = None
+        assert grad is not None
+        if g.grads_seen == 0:
+            g.grad_mode = self._grad_mode(g)
+            if g.pending:
+                with self.phase("optim_wait"):
+                    self.wait_updates(g)  # the staging buffer (and the host gradient) are free again
+            self.mover.wait_on_compute(g.acc_event)  # the accumulator's last shipment has left
+            g.acc_event = None
+            g.events = []
+        flat = grad.reshape(-1)
+        if g.grad_mode == "host":
+            g.events.append(self.mover.to_host(g.staging[g.slot(i)], flat))
+            self.store.note_move(Tier.DEVICE, Tier.HOST, grad.numel() * grad.element_size())
+        else:
+            assert g.acc is not None
+            acc = g.acc[g.slot(i)]
+            if g.acc_count == 0:
+                acc.copy_(flat)  # exactly what the host path does with the first micro-batch
+            else:
+                acc.add_(flat)
+            if g.grad_mode == "ship":
+                g.events.append(self.mover.to_host(g.grad[g.slot(i)], acc))
+                self.store.note_move(Tier.DEVICE, Tier.HOST, acc.numel() * acc.element_size())
+        g.grads_seen += 1
+        if g.grads_seen == len(g.params):
+            self._grads_done(g)
+
+    def _grad_mode(self, g: ParamGroup) -> str:
+        """Where this backward's gradients of ``g`` go: host staging, the device accumulator, or out of it."""
+        if g.acc is None or g.has_grad:
+            return "host"
+        return "ship" if self.micro % self.cfg.grad_accumulation == 0 else "acc"
+
+    def overlap_now(self) -> bool:
+        """Whether a block may be updated during this backward (exact and allowed)."""
+        mode = self.cfg.overlap
+        if self.profiling or mode is OverlapMode.STEP or self.step_group is None:
+            return False
+        if mode is OverlapMode.AUTO and self.cfg.max_grad_norm is not None:
+            return False
+        return self.micro % self.cfg.grad_accumulation == 0
+
+    def _grads_done(self, g: ParamGroup) -> None:
+        events, g.events, g.grads_seen = g.events, [], 0
+        if g.grad_mode == "acc":
+            g.acc_count += 1  # nothing leaves the device until the last micro-batch
+        else:
+            if g.grad_mode == "ship":
+                how, g.acc_count = "none", 0
+                g.acc_event = events[-1] if events else None  # the D2H stream runs in order
+            else:
+                how = "add" if g.has_grad else "copy"
+            g.has_grad = True
+            eager = self.overlap_now()
+            fut = self.worker.submit(self._consume, g, events, how, eager)
+            g.pending.append(fut)
+            if eager:
+                g.updates.append(fut)
+        if g.module is not None:
+            if not g.resident:
+                self._release(g)
+            self.acts.block_done(g.index)
+
+    def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool) -> None:
+        timer = self.timer
+        t0 = time.perf_counter()
+        for event in events:
+            self.mover.wait_on_host(event)
+        t1 = time.perf_counter()
+        if how == "add":
+            g.grad.add_(g.staging)
+        elif how == "copy":
+            g.grad.copy_(g.staging)
+        if timer is not None:
+            timer.add("optim_d2h_wait_s", t1 - t0)
+            timer.add("optim_fold_s", time.perf_counter() - t1)
+        if eager:
+            self.step_group(g)
+
+    def flush_accumulator(self, g: ParamGroup) -> None:
+        """Ship a device accumulator that still holds micro-batches (a step came early) to the host."""
+        if g.acc is None or not g.acc_count:
+            return
+        self.mover.wait_on_compute(g.acc_event)
+        g.grad.copy_(g.acc)  # a blocking copy after the compute stream's adds
+        self.store.note_move(Tier.DEVICE, Tier.HOST, g.acc.numel() * g.acc.element_size())
+        g.acc_count, g.acc_event, g.has_grad = 0, None, True
+
+    def discard_accumulators(self) -> None:
+        """Forget gradients summed on the device (``zero_grad``)."""
+        for g in self.blocks:
+            g.acc_count = 0
