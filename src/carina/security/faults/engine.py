@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from carina.security.faults import kernels
 from carina.security.faults.defenses import Detectors, overheads
 from carina.security.faults.inject import ONE, Window, apply_flip_rows, plan_window, thresholds
 from carina.security.faults.skynet import SkyNet, Stage, decode_boxes
@@ -92,6 +93,8 @@ def run_batched(
     timing = timing or TimingConfig()
     t0 = time.perf_counter()
     dev = torch.device(cfg.device)
+    if dev.type == "cpu":
+        kernels.keep_freed_memory()
     model = SkyNet(stages, numeric=cfg.numeric, dtype=getattr(torch, cfg.dtype.value)).to(dev)
     x = images.to(dev)
     n = x.shape[0]
@@ -167,7 +170,7 @@ def _run_chunk(
     frac = dict(plan)
 
     def hook(i: int, acc: torch.Tensor, _x: torch.Tensor) -> torch.Tensor:
-        return apply_flip_rows(acc, i, frac[i], thr, rows, shared=cfg.shared_draws)
+        return apply_flip_rows(acc, i, frac[i], thr, rows, shared=cfg.shared_draws, inplace=True)
 
     hooks = {layer: hook for layer in frac}
     model.hooks = det.wrap(hooks, len(chunk)) if cfg.detectors else hooks

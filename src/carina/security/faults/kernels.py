@@ -1,0 +1,233 @@
+"""Fused CPU kernels (numba) of the fixed-point emulation and the flips: the same bits as the torch ops.
+
+On the CPU a campaign's time went into element-wise torch passes, a dozen per output for
+the flips alone (draw hash, threshold lookup, rounding to codes, the sign-extended XOR,
+the add), each through fresh memory. Each kernel here does one pass, element by element
+in registers, in parallel over rows and channels or column blocks:
+
+* :func:`flip_rows_cpu`: the flips of
+  :func:`~carina.security.faults.inject.apply_flip_rows` (shared draws): the same integer
+  hash (:func:`~carina.security.faults.inject.mix32` as uint32 arithmetic modulo 2**32),
+  the plain rule "bit b flips where draw < t_b" (which the table lookup equals, tested),
+  the same float operations in the same order (``v * 2**F + 0.5``, floor, clamp;
+  ``v + delta * step``);
+* :func:`quantize_cpu`: an accumulator's round-and-saturate, or a stage's ``+ bias``,
+  ReLU6 and feature rounding, as :class:`~carina.security.faults.skynet.SkyNet` does them;
+* :func:`depthwise_quantized_cpu`: the 3x3 depthwise convolution with the accumulator's
+  rounding; its sums are exact (fixed-point codes), so any order gives the same bits.
+
+numba contracts no multiply-add unless ``fastmath`` is set (it is not), and the
+multiplies by ``2**F`` and ``step`` are exact anyway. ``tests/security/faults/test_faults_kernels.py``
+checks each kernel against the torch ops and a whole campaign with the kernels off
+(:data:`ENABLED`). CUDA tensors always take the torch ops.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from carina.security.faults.fixedpoint import FixedType
+
+__all__ = ["ENABLED", "applies", "depthwise_quantized_cpu", "flip_rows_cpu", "keep_freed_memory", "quantize_cpu"]
+
+_COLS = 1 << 15  # columns of one parallel task
+
+#: Use the kernels where they apply (CPU tensors without autograd); tests switch this off to
+#: compare a whole campaign with the plain torch ops.
+ENABLED = True
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether the kernels handle ``x``: enabled, a float32/float64 CPU tensor, no autograd."""
+    import torch
+
+    return ENABLED and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
+
+
+@functools.cache
+def _kernel(dtype: str, bits: int) -> Any:
+    """Compile (or load from numba's cache) the flip kernel for ``dtype`` values of ``bits``-bit codes."""
+    import numba
+    import numpy as np
+
+    u, i32, ft = np.uint32, np.int32, getattr(np, dtype)
+    c1, c2, s15, s12 = u(0x2C1B3C6D), u(0x297A2D39), u(15), u(12)
+    half_f = ft(0.5)
+
+    @numba.njit(inline="always")
+    def mix(x: Any) -> Any:  # pragma: no cover - compiled; mix32 as uint32 arithmetic
+        x = u(x ^ (x >> s15))
+        x = u(x * c1)
+        x = u(x ^ (x >> s12))
+        x = u(x * c2)
+        return u(x ^ (x >> s15))
+
+    @numba.njit(parallel=True, nogil=True)
+    def flip(src, out, n, keys, certain, thr, scale, qmin, qmax, wmask, half, step):  # type: ignore[no-untyped-def]  # pragma: no cover
+        rows, m = src.shape
+        blocks = (m + _COLS - 1) // _COLS
+        for task in numba.prange(rows * blocks):
+            r, lo = task // blocks, (task % blocks) * _COLS
+            hi = min(m, lo + _COLS)
+            key, cert, t = keys[r], certain[r], thr[r]
+            for j in range(lo, min(hi, n)):
+                h = mix(u(mix(u(j)) ^ key))
+                msk = cert
+                for b in range(bits):  # bit b flips where draw < t_b (t_b = 0: never)
+                    msk |= i32(h < t[b]) << i32(b)
+                v = src[r, j]
+                code = i32(min(max(np.floor(v * scale + half_f), qmin), qmax))
+                # flipped code minus code, sign-extended from the low bits
+                delta = i32(i32(i32(i32(code ^ msk) + half) & wmask) - half - code)
+                out[r, j] = v + ft(delta) * step
+            for j in range(max(lo, n), hi):
+                out[r, j] = src[r, j]
+
+    return flip
+
+
+def flip_rows_cpu(
+    flat: torch.Tensor, n: int, keys: list[int], thr: list[tuple[int, ...]], fmt: FixedType, *, inplace: bool = False
+) -> torch.Tensor:
+    """``flat`` (B, m) with the first ``n`` outputs of each row flipped (into ``flat`` itself when ``inplace``).
+
+    Args:
+        flat: Accumulator values, float32 or float64, on the CPU.
+        n: Exposed outputs per row.
+        keys: Per row, the draw key (:func:`~carina.security.faults.inject.draw_key` with bit -1).
+        thr: Per row, the bit thresholds (0 never, ``2**32`` always flips).
+        fmt: The accumulator type whose two's-complement codes flip.
+        inplace: Write into ``flat`` (contiguous) rather than a new tensor.
+    """
+    import numpy as np
+    import torch
+
+    one = 1 << 32
+    src = flat.contiguous()
+    out = src if inplace else torch.empty_like(src)
+    certain = np.array([sum(1 << b for b, t in enumerate(ts) if t == one) for ts in thr], dtype=np.int32)
+    rand = np.array([[t if t < one else 0 for t in ts] for ts in thr], dtype=np.uint32)
+    ft, i32 = src.numpy().dtype.type, np.int32
+    _kernel(ft.__name__, rand.shape[1])(
+        src.numpy(), out.numpy(), n, np.array(keys, dtype=np.uint32), certain, rand, ft(1 << fmt.frac_bits),
+        ft(fmt.qmin), ft(fmt.qmax), i32((1 << fmt.bits) - 1), i32(1 << (fmt.bits - 1)), ft(fmt.step),
+    )  # fmt: skip
+    return out
+
+
+@functools.cache
+def _quant_kernel(src: str, dst: str, bias: bool, relu6: bool) -> Any:
+    """Compile the (bias, ReLU6,) round-and-saturate kernel from ``src`` to ``dst`` values."""
+    import numba
+    import numpy as np
+
+    ft, ot = getattr(np, src), getattr(np, dst)
+    half, zero, six = ft(0.5), ft(0.0), ft(6.0)
+
+    @numba.njit(parallel=True, nogil=True)
+    def quant(x, out, b, scale, qmin, qmax, step):  # type: ignore[no-untyped-def]  # pragma: no cover
+        rows, chans, m = x.shape
+        for task in numba.prange(rows * chans):
+            r, c = task // chans, task % chans
+            bc = b[c]
+            for j in range(m):
+                v = x[r, c, j]
+                if bias:
+                    v = v + bc
+                if relu6:
+                    v = min(max(v, zero), six)
+                out[r, c, j] = ot(min(max(np.floor(v * scale + half), qmin), qmax) * step)
+
+    return quant
+
+
+def quantize_cpu(
+    x: torch.Tensor, fmt: FixedType, dtype: torch.dtype, *, bias: torch.Tensor | None = None, relu6: bool = False,
+    inplace: bool = False,
+) -> torch.Tensor:  # fmt: skip
+    """``fmt.quantize`` of ``x`` (B, C, H, W) (after ``+ bias[c]`` and ReLU6 when asked), as ``dtype``.
+
+    A new tensor, or ``x`` itself when ``inplace`` and ``x`` is contiguous and of ``dtype``
+    (fresh pages cost more than the pass itself).
+
+    The same bits as the torch ops ``(x + bias.view(1, -1, 1, 1)).clamp_(0, 6)``, then
+    :meth:`~carina.security.faults.fixedpoint.FixedType.quantize`, then ``.to(dtype)``.
+    """
+    import torch
+
+    src = x.contiguous()
+    b, c = src.shape[0], src.shape[1]
+    out = src if inplace and src is x and x.dtype == dtype else torch.empty(src.shape, dtype=dtype)
+    ft = src.numpy().dtype.type
+    bv = (bias.to(src.dtype) if bias is not None else torch.zeros(c, dtype=src.dtype)).contiguous().numpy()
+    kern = _quant_kernel(ft.__name__, out.numpy().dtype.name, bias is not None, relu6)
+    kern(src.numpy().reshape(b, c, -1), out.numpy().reshape(b, c, -1), bv, ft(1 << fmt.frac_bits),
+         ft(fmt.qmin), ft(fmt.qmax), ft(fmt.step))  # fmt: skip
+    return out
+
+
+@functools.cache
+def _dw_kernel(dtype: str) -> Any:
+    """Compile the 3x3 depthwise convolution (padding 1) fused with the accumulator's round-and-saturate."""
+    import numba
+    import numpy as np
+
+    ft = getattr(np, dtype)
+    half, zero = ft(0.5), ft(0.0)
+
+    @numba.njit(parallel=True, nogil=True)
+    def dw(x, k, out, scale, qmin, qmax, step):  # type: ignore[no-untyped-def]  # pragma: no cover
+        rows, chans, h, w = x.shape
+        for task in numba.prange(rows * chans * h):
+            r, c, y = task // (chans * h), (task // h) % chans, task % h
+            for xo in range(w):
+                acc = zero
+                for t in range(9):
+                    yy, xx = y + t // 3 - 1, xo + t % 3 - 1
+                    if 0 <= yy < h and 0 <= xx < w:
+                        acc += x[r, c, yy, xx] * k[c, t]
+                out[r, c, y, xo] = min(max(np.floor(acc * scale + half), qmin), qmax) * step
+
+    return dw
+
+
+def depthwise_quantized_cpu(x: torch.Tensor, w: torch.Tensor, fmt: FixedType) -> torch.Tensor:
+    """``fmt.quantize(conv(x, w))`` for a 3x3 depthwise ``w`` (C, 1, 3, 3), padding 1: a new tensor.
+
+    Only for exact sums (fixed-point codes whose partial sums stay below 2**24 steps in
+    float32, which a 3x3 depthwise of 9-bit features and 11-bit weights always does):
+    then any order of the nine products gives the bits of
+    :func:`~carina.security.faults.skynet.conv`'s nine shifted multiply-adds.
+    """
+    import torch
+
+    src = x.contiguous()
+    out = torch.empty_like(src)
+    ft = src.numpy().dtype.type
+    k = w.to(src.dtype).reshape(w.shape[0], 9).contiguous().numpy()
+    _dw_kernel(ft.__name__)(src.numpy(), k, out.numpy(), ft(1 << fmt.frac_bits), ft(fmt.qmin), ft(fmt.qmax),
+                            ft(fmt.step))  # fmt: skip
+    return out
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Serve allocations up to 32 MiB from glibc's heap and keep freed memory there (once; True if set).
+
+    A campaign allocates the same activations pass after pass; allocations above glibc's
+    mmap threshold come from fresh pages, whose faults and zeroing cost more than the
+    element-wise pass that fills them. This raises the threshold to its maximum (32 MiB)
+    and stops trimming the heap, process-wide; results do not change. No-op off glibc.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 32 << 20)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
