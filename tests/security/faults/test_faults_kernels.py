@@ -15,6 +15,12 @@ THR = [(0, ONE, 5 << 28, 5 << 28, 1 << 30, 3, ONE - 1, 0, 7 << 29, 1 << 31, 0, O
        (9 << 27,) * 12, (0,) * 12, thresholds([0.0] * 9 + [1e-3, 1e-2, 0.3])]  # fmt: skip
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit patterns (torch.equal calls -0.0 and 0.0 equal)."""
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}
+    return a.dtype == b.dtype and torch.equal(a.view(ints[a.dtype]), b.view(ints[b.dtype]))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("quantized", [True, False])
 def test_flip_kernel_equals_torch_ops(dtype: torch.dtype, quantized: bool) -> None:
@@ -26,8 +32,13 @@ def test_flip_kernel_equals_torch_ops(dtype: torch.dtype, quantized: bool) -> No
     for layer, n in ((0, m), (6, round(m * 0.7)), (11, 5)):
         want = _flip_rows_torch(acc, n, layer, THR, rows, ACCUMULATOR, shared=True)
         got = kernels.flip_rows_cpu(acc, n, [draw_key(s, i, layer, -1) for s, i in rows], THR, ACCUMULATOR)
-        assert got.dtype == dtype and torch.equal(got, want)
+        assert got.dtype == dtype and _same_bits(got, want)
         assert not torch.equal(got, acc) and torch.equal(got[:, n:], acc[:, n:])
+        # in place; rounded values: only the flipped outputs are rewritten
+        mine = acc.clone()
+        keys = [draw_key(s, i, layer, -1) for s, i in rows]
+        kernels.flip_rows_cpu(mine, n, keys, THR, ACCUMULATOR, inplace=True, quantized=quantized)
+        assert _same_bits(mine, want)
 
 
 @pytest.mark.parametrize("src", [torch.float32, torch.float64])
@@ -36,10 +47,10 @@ def test_quantize_kernel_equals_torch_ops(src: torch.dtype) -> None:
     x = (torch.randn(2, 5, 7, 9, generator=g, dtype=src) * 6).round(decimals=3)
     x[0, 0, 0, :4] = torch.tensor([0.5 / 256, -0.5 / 256, 100.0, -100.0])  # ties round up; saturation
     b = WEIGHT.quantize(torch.randn(5, generator=g, dtype=torch.float32))
-    assert torch.equal(kernels.quantize_cpu(x, ACCUMULATOR, torch.float32), ACCUMULATOR.quantize(x).float())
+    assert _same_bits(kernels.quantize_cpu(x, ACCUMULATOR, torch.float32), ACCUMULATOR.quantize(x).float())
     xf = ACCUMULATOR.quantize(x).float()
     want = FEATURE.quantize((xf + b.view(1, -1, 1, 1)).clamp_(0.0, 6.0))
-    assert torch.equal(kernels.quantize_cpu(xf, FEATURE, torch.float32, bias=b, relu6=True), want)
+    assert _same_bits(kernels.quantize_cpu(xf, FEATURE, torch.float32, bias=b, relu6=True), want)
 
 
 def test_depthwise_kernel_equals_shifted_multiply_adds() -> None:
@@ -48,7 +59,7 @@ def test_depthwise_kernel_equals_shifted_multiply_adds() -> None:
     x = FEATURE.quantize(torch.rand(2, 6, 5, 8, generator=g) * 8 - 4)
     x[0, 0] = FEATURE.min  # the bound's worst case on a whole plane
     want = ACCUMULATOR.quantize(conv(x, w))
-    assert torch.equal(kernels.depthwise_quantized_cpu(x, w, ACCUMULATOR), want)
+    assert _same_bits(kernels.depthwise_quantized_cpu(x, w, ACCUMULATOR), want)
 
 
 def test_campaign_equals_torch_ops(stages, images, monkeypatch) -> None:

@@ -231,7 +231,7 @@ def _independent_masks(
 
 def apply_flip_rows(
     acc: torch.Tensor, layer: int, fraction: float, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]],
-    *, fmt: FixedType = ACCUMULATOR, shared: bool = True, inplace: bool = False,
+    *, fmt: FixedType = ACCUMULATOR, shared: bool = True, inplace: bool = False, quantized: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """``acc`` (B, ...) with each row's bit flips applied in ``fmt``'s two's-complement codes.
 
@@ -239,7 +239,8 @@ def apply_flip_rows(
     batch can mix operating points and seeds; a row's result does not depend on the others.
     Values need not already be quantized: the flip adds the code difference times the step,
     so float models get the same error as the fixed-point one. A new tensor, unless
-    ``inplace`` (then the fused CPU kernel, where it applies, writes into ``acc``).
+    ``inplace`` (then the fused CPU kernel, where it applies, writes into ``acc``, and
+    when ``acc`` is already ``quantized`` to ``fmt`` rewrites only the flipped outputs).
     """
     if fraction <= 0 or not any(any(t) for t in thr):
         return acc
@@ -250,8 +251,8 @@ def apply_flip_rows(
     if shared and kernels.applies(acc):
         # one fused pass per output, the same bits as the torch ops below (test_faults_kernels)
         keys = [draw_key(s, i, layer, -1) for s, i in rows]
-        flipped = kernels.flip_rows_cpu(flat, n, keys, [tuple(t) for t in thr], fmt, inplace=inplace)
-        return flipped.view_as(acc)
+        ts = [tuple(t) for t in thr]
+        return kernels.flip_rows_cpu(flat, n, keys, ts, fmt, inplace=inplace, quantized=quantized).view_as(acc)
     return _flip_rows_torch(flat, n, layer, thr, rows, fmt, shared=shared).view_as(acc)
 
 

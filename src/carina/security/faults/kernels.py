@@ -67,7 +67,8 @@ def _kernel(dtype: str, bits: int) -> Any:
         return u(x ^ (x >> s15))
 
     @numba.njit(parallel=True, nogil=True)
-    def flip(src, out, n, keys, certain, thr, scale, qmin, qmax, wmask, half, step):  # type: ignore[no-untyped-def]  # pragma: no cover
+    def flip(src, out, n, keys, certain, thr, scale, qmin, qmax, wmask, half, step, same, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
+        # same: out is src; keep: outputs without a flip are left as they are (same bits: no -0.0 in src)
         rows, m = src.shape
         blocks = (m + _COLS - 1) // _COLS
         for task in numba.prange(rows * blocks):
@@ -79,20 +80,24 @@ def _kernel(dtype: str, bits: int) -> Any:
                 msk = cert
                 for b in range(bits):  # bit b flips where draw < t_b (t_b = 0: never)
                     msk |= i32(h < t[b]) << i32(b)
+                if keep and msk == 0:
+                    continue
                 v = src[r, j]
                 code = i32(min(max(np.floor(v * scale + half_f), qmin), qmax))
                 # flipped code minus code, sign-extended from the low bits
                 delta = i32(i32(i32(i32(code ^ msk) + half) & wmask) - half - code)
                 out[r, j] = v + ft(delta) * step
-            for j in range(max(lo, n), hi):
-                out[r, j] = src[r, j]
+            if not same:
+                for j in range(max(lo, n), hi):
+                    out[r, j] = src[r, j]
 
     return flip
 
 
 def flip_rows_cpu(
-    flat: torch.Tensor, n: int, keys: list[int], thr: list[tuple[int, ...]], fmt: FixedType, *, inplace: bool = False
-) -> torch.Tensor:
+    flat: torch.Tensor, n: int, keys: list[int], thr: list[tuple[int, ...]], fmt: FixedType, *, inplace: bool = False,
+    quantized: bool = False,
+) -> torch.Tensor:  # fmt: skip
     """``flat`` (B, m) with the first ``n`` outputs of each row flipped (into ``flat`` itself when ``inplace``).
 
     Args:
@@ -102,6 +107,8 @@ def flip_rows_cpu(
         thr: Per row, the bit thresholds (0 never, ``2**32`` always flips).
         fmt: The accumulator type whose two's-complement codes flip.
         inplace: Write into ``flat`` (contiguous) rather than a new tensor.
+        quantized: ``flat`` holds ``fmt`` values (rounded: no -0.0), so in place an output
+            without a flip is not even rewritten (``v + 0.0`` would only turn -0.0 into 0.0).
     """
     import numpy as np
     import torch
@@ -109,12 +116,14 @@ def flip_rows_cpu(
     one = 1 << 32
     src = flat.contiguous()
     out = src if inplace else torch.empty_like(src)
+    same = out is src
     certain = np.array([sum(1 << b for b, t in enumerate(ts) if t == one) for ts in thr], dtype=np.int32)
     rand = np.array([[t if t < one else 0 for t in ts] for ts in thr], dtype=np.uint32)
     ft, i32 = src.numpy().dtype.type, np.int32
     _kernel(ft.__name__, rand.shape[1])(
         src.numpy(), out.numpy(), n, np.array(keys, dtype=np.uint32), certain, rand, ft(1 << fmt.frac_bits),
         ft(fmt.qmin), ft(fmt.qmax), i32((1 << fmt.bits) - 1), i32(1 << (fmt.bits - 1)), ft(fmt.step),
+        same, same and quantized,
     )  # fmt: skip
     return out
 
