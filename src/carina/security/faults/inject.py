@@ -172,7 +172,7 @@ def _shared_masks(
     """
     import torch
 
-    bounds, tables = zip(*(_table(tuple(ts)) for ts in thr), strict=True)
+    bounds, tables = zip(*(kernels.threshold_table(tuple(ts)) for ts in thr), strict=True)
     k = max(len(x) for x in bounds)
     if k == 0:  # no bit is random: no draws
         return torch.tensor([[t[0]] for t in tables], dtype=torch.int32, device=device)
@@ -183,16 +183,6 @@ def _shared_masks(
     _mix32_(draw, torch.empty_like(draw))
     idx = torch.searchsorted(torch.tensor(pad, dtype=torch.int64, device=device), draw, right=True)
     return torch.tensor(tab, dtype=torch.int32, device=device).gather(1, idx)
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _table(thr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """A row's sorted random thresholds (0 < t < ONE), and its mask for each count of them at or below a draw."""
-    bounds = tuple(sorted(t for t in thr if 0 < t < ONE))
-    certain = sum(1 << b for b, t in enumerate(thr) if t == ONE)
-    below = {b: sum(1 for s in bounds if s < t) for b, t in enumerate(thr) if 0 < t < ONE}  # L_b
-    table = tuple(certain | sum(1 << b for b, lb in below.items() if c <= lb) for c in range(len(bounds) + 1))
-    return bounds, table
 
 
 _BASES: dict[str, Any] = {}

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["ENABLED", "applies", "depthwise_quantized_cpu", "flip_rows_cpu", "keep_freed_memory", "quantize_cpu"]
 
 _COLS = 1 << 15  # columns of one parallel task
+_SUB = 1 << 10  # columns whose draws are hashed at once
+_BASE: dict[str, Any] = {}  # mix32(arange(m)) as uint32, per dtype's kernel
 
 #: Use the kernels where they apply (CPU tensors without autograd); tests switch this off to
 #: compare a whole campaign with the plain torch ops.
@@ -48,9 +50,24 @@ def applies(x: torch.Tensor) -> bool:
     return ENABLED and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def threshold_table(thr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A row's sorted random thresholds (0 < t < 2**32), and its mask for each count of them at or below a draw.
+
+    With idx = #{j: s_j <= draw} and L_b = #{j: s_j < t_b}, draw < t_b <=> idx <= L_b: the
+    mask of a draw is ``table[idx]``, the same as one comparison per bit (tested).
+    """
+    one = 1 << 32
+    bounds = tuple(sorted(t for t in thr if 0 < t < one))
+    certain = sum(1 << b for b, t in enumerate(thr) if t == one)
+    below = {b: sum(1 for s in bounds if s < t) for b, t in enumerate(thr) if 0 < t < one}  # L_b
+    table = tuple(certain | sum(1 << b for b, lb in below.items() if c <= lb) for c in range(len(bounds) + 1))
+    return bounds, table
+
+
 @functools.cache
-def _kernel(dtype: str, bits: int) -> Any:
-    """Compile (or load from numba's cache) the flip kernel for ``dtype`` values of ``bits``-bit codes."""
+def _kernel(dtype: str) -> Any:
+    """Compile the flip kernel for ``dtype`` (float32/float64) values."""
     import numba
     import numpy as np
 
@@ -67,31 +84,48 @@ def _kernel(dtype: str, bits: int) -> Any:
         return u(x ^ (x >> s15))
 
     @numba.njit(parallel=True, nogil=True)
-    def flip(src, out, n, keys, certain, thr, scale, qmin, qmax, wmask, half, step, same, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
-        # same: out is src; keep: outputs without a flip are left as they are (same bits: no -0.0 in src)
+    def base(m):  # type: ignore[no-untyped-def]  # pragma: no cover
+        out = np.empty(m, dtype=u)
+        for j in numba.prange(m):
+            out[j] = mix(u(j))
+        return out
+
+    @numba.njit(parallel=True, nogil=True)
+    def flip(src, out, n, bj, keys, bounds, nbounds, tables, scale, qmin, qmax, wmask, half, step, same, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
+        # bj[j] = mix32(j); same: out is src; keep: outputs without a flip are left as they are
+        # (the same bits when src holds no -0.0)
         rows, m = src.shape
         blocks = (m + _COLS - 1) // _COLS
         for task in numba.prange(rows * blocks):
             r, lo = task // blocks, (task % blocks) * _COLS
             hi = min(m, lo + _COLS)
-            key, cert, t = keys[r], certain[r], thr[r]
-            for j in range(lo, min(hi, n)):
-                h = mix(u(mix(u(j)) ^ key))
-                msk = cert
-                for b in range(bits):  # bit b flips where draw < t_b (t_b = 0: never)
-                    msk |= i32(h < t[b]) << i32(b)
-                if keep and msk == 0:
-                    continue
-                v = src[r, j]
-                code = i32(min(max(np.floor(v * scale + half_f), qmin), qmax))
-                # flipped code minus code, sign-extended from the low bits
-                delta = i32(i32(i32(i32(code ^ msk) + half) & wmask) - half - code)
-                out[r, j] = v + ft(delta) * step
+            key, k = keys[r], nbounds[r]
+            top = bounds[r, k - 1] if k else u(0)  # a draw at or above every bound: mask tables[r, k]
+            draw = np.empty(_SUB, dtype=u)
+            for sub in range(lo, min(hi, n), _SUB):
+                end = min(sub + _SUB, hi, n)
+                if k:
+                    for j in range(sub, end):  # branch-free: vectorized
+                        draw[j - sub] = mix(bj[j] ^ key)
+                for j in range(sub, end):
+                    c = k
+                    if k and draw[j - sub] < top:
+                        c = 0
+                        while bounds[r, c] <= draw[j - sub]:  # sorted; bounds[r, k - 1] > the draw ends it
+                            c += 1
+                    msk = tables[r, c]
+                    if keep and msk == 0:
+                        continue
+                    v = src[r, j]
+                    code = i32(min(max(np.floor(v * scale + half_f), qmin), qmax))
+                    # flipped code minus code, sign-extended from the low bits
+                    delta = i32(i32(i32(i32(code ^ msk) + half) & wmask) - half - code)
+                    out[r, j] = v + ft(delta) * step
             if not same:
                 for j in range(max(lo, n), hi):
                     out[r, j] = src[r, j]
 
-    return flip
+    return base, flip
 
 
 def flip_rows_cpu(
@@ -113,17 +147,24 @@ def flip_rows_cpu(
     import numpy as np
     import torch
 
-    one = 1 << 32
     src = flat.contiguous()
     out = src if inplace else torch.empty_like(src)
     same = out is src
-    certain = np.array([sum(1 << b for b, t in enumerate(ts) if t == one) for ts in thr], dtype=np.int32)
-    rand = np.array([[t if t < one else 0 for t in ts] for ts in thr], dtype=np.uint32)
+    bounds, tables = zip(*(threshold_table(tuple(ts)) for ts in thr), strict=True)
+    k = max(1, *(len(b) for b in bounds))
+    bnd = np.zeros((len(thr), k), dtype=np.uint32)
+    tab = np.zeros((len(thr), k + 1), dtype=np.int32)
+    for r, (b, t) in enumerate(zip(bounds, tables, strict=True)):
+        bnd[r, : len(b)], tab[r, : len(t)] = b, t
     ft, i32 = src.numpy().dtype.type, np.int32
-    _kernel(ft.__name__, rand.shape[1])(
-        src.numpy(), out.numpy(), n, np.array(keys, dtype=np.uint32), certain, rand, ft(1 << fmt.frac_bits),
-        ft(fmt.qmin), ft(fmt.qmax), i32((1 << fmt.bits) - 1), i32(1 << (fmt.bits - 1)), ft(fmt.step),
-        same, same and quantized,
+    base, flip = _kernel(ft.__name__)
+    if ft.__name__ not in _BASE or len(_BASE[ft.__name__]) < n:
+        _BASE[ft.__name__] = base(max(n, 1 << 16))
+    flip(
+        src.numpy(), out.numpy(), n, _BASE[ft.__name__], np.array(keys, dtype=np.uint32), bnd,
+        np.array([len(b) for b in bounds]),
+        tab, ft(1 << fmt.frac_bits), ft(fmt.qmin), ft(fmt.qmax), i32((1 << fmt.bits) - 1), i32(1 << (fmt.bits - 1)),
+        ft(fmt.step), same, same and quantized,
     )  # fmt: skip
     return out
 
@@ -191,15 +232,23 @@ def _dw_kernel(dtype: str) -> Any:
     @numba.njit(parallel=True, nogil=True)
     def dw(x, k, out, scale, qmin, qmax, step):  # type: ignore[no-untyped-def]  # pragma: no cover
         rows, chans, h, w = x.shape
-        for task in numba.prange(rows * chans * h):
-            r, c, y = task // (chans * h), (task // h) % chans, task % h
-            for xo in range(w):
-                acc = zero
-                for t in range(9):
-                    yy, xx = y + t // 3 - 1, xo + t % 3 - 1
-                    if 0 <= yy < h and 0 <= xx < w:
-                        acc += x[r, c, yy, xx] * k[c, t]
-                out[r, c, y, xo] = min(max(np.floor(acc * scale + half), qmin), qmax) * step
+        for task in numba.prange(rows * chans):
+            r, c = task // chans, task % chans
+            acc = np.empty(w, dtype=ft)
+            for y in range(h):
+                acc[:] = zero
+                for dy in range(3):  # branch-free row loops (vectorized); exact sums, so any order
+                    yy = y + dy - 1
+                    if 0 <= yy < h:
+                        row, k0, k1, k2 = x[r, c, yy], k[c, 3 * dy], k[c, 3 * dy + 1], k[c, 3 * dy + 2]
+                        for xo in range(w):
+                            acc[xo] += row[xo] * k1
+                        for xo in range(1, w):
+                            acc[xo] += row[xo - 1] * k0
+                        for xo in range(w - 1):
+                            acc[xo] += row[xo + 1] * k2
+                for xo in range(w):
+                    out[r, c, y, xo] = min(max(np.floor(acc[xo] * scale + half), qmin), qmax) * step
 
     return dw
 
