@@ -9,7 +9,7 @@ from carina.security.faults import kernels
 from carina.security.faults.campaign import SweepConfig, run_sweep
 from carina.security.faults.fixedpoint import ACCUMULATOR, FEATURE, WEIGHT
 from carina.security.faults.inject import ONE, _flip_rows_torch, draw_key, thresholds
-from carina.security.faults.skynet import conv
+from carina.security.faults.skynet import _pool2, conv
 
 THR = [(0, ONE, 5 << 28, 5 << 28, 1 << 30, 3, ONE - 1, 0, 7 << 29, 1 << 31, 0, ONE), (0,) * 11 + (ONE,),
        (9 << 27,) * 12, (0,) * 12, thresholds([0.0] * 9 + [1e-3, 1e-2, 0.3])]  # fmt: skip
@@ -51,6 +51,8 @@ def test_quantize_kernel_equals_torch_ops(src: torch.dtype) -> None:
     xf = ACCUMULATOR.quantize(x).float()
     want = FEATURE.quantize((xf + b.view(1, -1, 1, 1)).clamp_(0.0, 6.0))
     assert _same_bits(kernels.quantize_cpu(xf, FEATURE, torch.float32, bias=b, relu6=True), want)
+    pooled = kernels.quantize_cpu(xf[..., :6, :8], FEATURE, torch.float32, bias=b, relu6=True, pool=True)
+    assert _same_bits(pooled, _pool2(want[..., :6, :8].contiguous()))
 
 
 def test_depthwise_kernel_equals_shifted_multiply_adds() -> None:

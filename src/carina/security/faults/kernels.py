@@ -170,53 +170,71 @@ def flip_rows_cpu(
 
 
 @functools.cache
-def _quant_kernel(src: str, dst: str, bias: bool, relu6: bool) -> Any:
-    """Compile the (bias, ReLU6,) round-and-saturate kernel from ``src`` to ``dst`` values."""
+def _quant_kernel(src: str, dst: str, bias: bool, relu6: bool, pool: bool) -> Any:
+    """Compile the (bias, ReLU6,) round-and-saturate (, 2x2 max pool) kernel from ``src`` to ``dst`` values."""
     import numba
     import numpy as np
 
     ft, ot = getattr(np, src), getattr(np, dst)
     half, zero, six = ft(0.5), ft(0.0), ft(6.0)
 
+    @numba.njit(inline="always")
+    def one(v, bc, scale, qmin, qmax, step):  # type: ignore[no-untyped-def]  # pragma: no cover
+        if bias:
+            v = v + bc
+        if relu6:
+            v = min(max(v, zero), six)
+        return ot(min(max(np.floor(v * scale + half), qmin), qmax) * step)
+
     @numba.njit(parallel=True, nogil=True)
     def quant(x, out, b, scale, qmin, qmax, step):  # type: ignore[no-untyped-def]  # pragma: no cover
-        rows, chans, m = x.shape
+        rows, chans, h, w = x.shape
         for task in numba.prange(rows * chans):
             r, c = task // chans, task % chans
             bc = b[c]
-            for j in range(m):
-                v = x[r, c, j]
-                if bias:
-                    v = v + bc
-                if relu6:
-                    v = min(max(v, zero), six)
-                out[r, c, j] = ot(min(max(np.floor(v * scale + half), qmin), qmax) * step)
+            if not pool:
+                for y in range(h):
+                    for j in range(w):
+                        out[r, c, y, j] = one(x[r, c, y, j], bc, scale, qmin, qmax, step)
+                continue
+            for y in range(h // 2):  # the max of the rounded values: the same as rounding, then pooling
+                for j in range(w // 2):
+                    a = max(
+                        one(x[r, c, 2 * y, 2 * j], bc, scale, qmin, qmax, step),
+                        one(x[r, c, 2 * y, 2 * j + 1], bc, scale, qmin, qmax, step),
+                    )
+                    d = max(
+                        one(x[r, c, 2 * y + 1, 2 * j], bc, scale, qmin, qmax, step),
+                        one(x[r, c, 2 * y + 1, 2 * j + 1], bc, scale, qmin, qmax, step),
+                    )
+                    out[r, c, y, j] = max(a, d)
 
     return quant
 
 
 def quantize_cpu(
     x: torch.Tensor, fmt: FixedType, dtype: torch.dtype, *, bias: torch.Tensor | None = None, relu6: bool = False,
-    inplace: bool = False,
+    inplace: bool = False, pool: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """``fmt.quantize`` of ``x`` (B, C, H, W) (after ``+ bias[c]`` and ReLU6 when asked), as ``dtype``.
 
-    A new tensor, or ``x`` itself when ``inplace`` and ``x`` is contiguous and of ``dtype``
-    (fresh pages cost more than the pass itself).
-
     The same bits as the torch ops ``(x + bias.view(1, -1, 1, 1)).clamp_(0, 6)``, then
-    :meth:`~carina.security.faults.fixedpoint.FixedType.quantize`, then ``.to(dtype)``.
+    :meth:`~carina.security.faults.fixedpoint.FixedType.quantize`, then ``.to(dtype)`` (then
+    a 2x2 max pool, stride 2, when ``pool``). A new tensor, or ``x`` itself when ``inplace``
+    and ``x`` is contiguous and of ``dtype`` and not pooled (fresh pages cost more than the pass).
     """
     import torch
 
     src = x.contiguous()
-    b, c = src.shape[0], src.shape[1]
-    out = src if inplace and src is x and x.dtype == dtype else torch.empty(src.shape, dtype=dtype)
+    b, c, h, w = src.shape
+    if pool:
+        out = torch.empty((b, c, h // 2, w // 2), dtype=dtype)
+    else:
+        out = src if inplace and src is x and x.dtype == dtype else torch.empty(src.shape, dtype=dtype)
     ft = src.numpy().dtype.type
     bv = (bias.to(src.dtype) if bias is not None else torch.zeros(c, dtype=src.dtype)).contiguous().numpy()
-    kern = _quant_kernel(ft.__name__, out.numpy().dtype.name, bias is not None, relu6)
-    kern(src.numpy().reshape(b, c, -1), out.numpy().reshape(b, c, -1), bv, ft(1 << fmt.frac_bits),
-         ft(fmt.qmin), ft(fmt.qmax), ft(fmt.step))  # fmt: skip
+    kern = _quant_kernel(ft.__name__, out.numpy().dtype.name, bias is not None, relu6, pool)
+    kern(src.numpy(), out.numpy(), bv, ft(1 << fmt.frac_bits), ft(fmt.qmin), ft(fmt.qmax), ft(fmt.step))
     return out
 
 

@@ -212,12 +212,11 @@ class SkyNet:
                 cur = _pool2(cur)
             if s.name == "dw6.dw":
                 cur = torch.cat([reorg(p1), cur], 1)  # type: ignore[arg-type]
-            cur = self._stage(i, cur)
-            if s.pool_after and s.name != "dw3.pw":
-                cur = _pool2(cur)
+            cur = self._stage(i, cur, pool=s.pool_after and s.name != "dw3.pw")
         return cur, kept
 
-    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    def _stage(self, i: int, x: torch.Tensor, *, pool: bool = False) -> torch.Tensor:
+        """Stage ``i`` on input ``x``, then a 2x2 max pool when ``pool``."""
         s = self.stages[i]
         # fixed point on the CPU: fused numba kernels, the same bits as the torch ops (test_faults_kernels)
         fused = self.numeric is Numeric.FIXED and kernels.applies(x)
@@ -232,12 +231,13 @@ class SkyNet:
         if i in self.hooks:
             acc = self.hooks[i](i, acc, x)
         if fused and s.relu6:
-            return kernels.quantize_cpu(acc, FEATURE, self.dtype, bias=self._b[i], relu6=True, inplace=True)
+            return kernels.quantize_cpu(acc, FEATURE, self.dtype, bias=self._b[i], relu6=True, inplace=True, pool=pool)
         if self._b[i] is not None:
             acc = acc + self._b[i].view(1, -1, 1, 1)  # type: ignore[union-attr]
         if s.relu6:
             acc = acc.clamp_(0.0, 6.0)
-        return FEATURE.quantize(acc) if self.numeric is Numeric.FIXED and s.relu6 else acc
+        out = FEATURE.quantize(acc) if self.numeric is Numeric.FIXED and s.relu6 else acc
+        return _pool2(out) if pool else out
 
     def _conv(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Stage ``i``'s convolution: exact float32 channel blocks, float64 where float32 could round, else as is."""
