@@ -90,6 +90,13 @@ def _kernel(dtype: str) -> Any:
             out[j] = mix(u(j))
         return out
 
+    @numba.njit(inline="always")
+    def _flip1(v, msk, scale, qmin, qmax, wmask, half, step):  # type: ignore[no-untyped-def]  # pragma: no cover
+        code = i32(min(max(np.floor(v * scale + half_f), qmin), qmax))
+        # flipped code minus code, sign-extended from the low bits
+        delta = i32(i32(i32(i32(code ^ msk) + half) & wmask) - half - code)
+        return v + ft(delta) * step
+
     @numba.njit(parallel=True, nogil=True)
     def flip(src, out, n, bj, keys, bounds, nbounds, tables, scale, qmin, qmax, wmask, half, step, same, keep):  # type: ignore[no-untyped-def]  # pragma: no cover
         # bj[j] = mix32(j); same: out is src; keep: outputs without a flip are left as they are
@@ -101,26 +108,31 @@ def _kernel(dtype: str) -> Any:
             hi = min(m, lo + _COLS)
             key, k = keys[r], nbounds[r]
             top = bounds[r, k - 1] if k else u(0)  # a draw at or above every bound: mask tables[r, k]
+            sparse = keep and tables[r, k] == 0  # no certain bit: few outputs flip, rewrite only those
             draw = np.empty(_SUB, dtype=u)
-            for sub in range(lo, min(hi, n), _SUB):
-                end = min(sub + _SUB, hi, n)
-                if k:
-                    for j in range(sub, end):  # branch-free: vectorized
-                        draw[j - sub] = mix(bj[j] ^ key)
-                for j in range(sub, end):
-                    c = k
-                    if k and draw[j - sub] < top:
-                        c = 0
-                        while bounds[r, c] <= draw[j - sub]:  # sorted; bounds[r, k - 1] > the draw ends it
-                            c += 1
-                    msk = tables[r, c]
-                    if keep and msk == 0:
-                        continue
-                    v = src[r, j]
-                    code = i32(min(max(np.floor(v * scale + half_f), qmin), qmax))
-                    # flipped code minus code, sign-extended from the low bits
-                    delta = i32(i32(i32(i32(code ^ msk) + half) & wmask) - half - code)
-                    out[r, j] = v + ft(delta) * step
+            idx = np.zeros(_SUB, dtype=i32)
+            for sub in range(lo, min(hi, n) if k or not sparse else lo, _SUB):
+                size = min(sub + _SUB, hi, n) - sub
+                for t in range(size if k else 0):  # branch-free loops: vectorized
+                    draw[t] = mix(bj[sub + t] ^ key)
+                if sparse:
+                    for t in range(size):
+                        if draw[t] < top:
+                            c = 0
+                            while bounds[r, c] <= draw[t]:  # sorted; bounds[r, k - 1] > the draw ends it
+                                c += 1
+                            if tables[r, c]:
+                                out[r, sub + t] = _flip1(
+                                    src[r, sub + t], tables[r, c], scale, qmin, qmax, wmask, half, step
+                                )
+                    continue
+                idx[:size] = 0
+                for b in range(k):  # idx = how many sorted bounds are at or below the draw
+                    bound = bounds[r, b]
+                    for t in range(size):
+                        idx[t] += i32(bound <= draw[t])
+                for t in range(size):
+                    out[r, sub + t] = _flip1(src[r, sub + t], tables[r, idx[t]], scale, qmin, qmax, wmask, half, step)
             if not same:
                 for j in range(max(lo, n), hi):
                     out[r, j] = src[r, j]
