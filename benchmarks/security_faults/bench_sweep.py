@@ -75,7 +75,7 @@ def _v50(rows: list[dict[str, Any]], k: float) -> float | None:
 
 def _crosscheck(stages: list[Any], x: torch.Tensor, device: str) -> dict[str, Any]:
     """A small campaign on CPU (batched and reference loop) and on ``device``: bit-identical?"""
-    cfg = dict(voltages=[0.85, 0.53, 0.52, 0.30], freqs_mhz=[200.0], windows=["local:4@34"],
+    cfg: dict[str, Any] = dict(voltages=[0.85, 0.53, 0.52, 0.30], freqs_mhz=[200.0], windows=["local:4@34"],
                intensities=[1.0, 2.0], seeds=2, batch=5)  # fmt: skip
     cpu = run_sweep(stages, x[:2], SweepConfig(**cfg))
     ref = run_reference(stages, x[:2], SweepConfig(**cfg))
@@ -102,7 +102,7 @@ def main() -> None:
         import numba
 
         torch.set_num_threads(args.threads)
-        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))  # the CPU kernels' threads
+        numba.set_num_threads(min(args.threads, numba.get_num_threads()))  # the CPU kernels' threads
     args.loadavg_start = os.getloadavg()  # the machine is shared: how busy it was
     data = shared_data("skynet")
     stages = load_skynet(data / "dac.weights")
