@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
+import resource
 import time
 from typing import Any
 
@@ -73,7 +75,7 @@ def _v50(rows: list[dict[str, Any]], k: float) -> float | None:
 
 def _crosscheck(stages: list[Any], x: torch.Tensor, device: str) -> dict[str, Any]:
     """A small campaign on CPU (batched and reference loop) and on ``device``: bit-identical?"""
-    cfg = dict(voltages=[0.85, 0.53, 0.52, 0.30], freqs_mhz=[200.0], windows=["local:4@34"],
+    cfg: dict[str, Any] = dict(voltages=[0.85, 0.53, 0.52, 0.30], freqs_mhz=[200.0], windows=["local:4@34"],
                intensities=[1.0, 2.0], seeds=2, batch=5)  # fmt: skip
     cpu = run_sweep(stages, x[:2], SweepConfig(**cfg))
     ref = run_reference(stages, x[:2], SweepConfig(**cfg))
@@ -97,7 +99,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     if args.threads:
+        import numba
+
         torch.set_num_threads(args.threads)
+        numba.set_num_threads(min(args.threads, numba.get_num_threads()))  # the CPU kernels' threads
+    args.loadavg_start = os.getloadavg()  # the machine is shared: how busy it was
     data = shared_data("skynet")
     stages = load_skynet(data / "dac.weights")
     full = SweepConfig(voltages=_grid(0.45, 0.85, 20), freqs_mhz=_grid(100.0, 400.0, 20), seeds=5)
@@ -113,8 +119,12 @@ def main() -> None:
         if done % 10 == 0 or done == total:
             print(f"global sweep: pass {done}/{total} at {time.perf_counter() - t0:.1f} s", flush=True)
 
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     glob = run_sweep(stages, x, glob_cfg, on_pass=progress)
     timings["global"] = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    args.global_cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    args.loadavg_after_global = os.getloadavg()
     vuln98 = [p for p in glob.points if summarize(p.ious).loss > 0.98]
     vuln50 = [p for p in glob.points if summarize(p.ious).loss >= 0.5]
     targets = sorted(vuln98, key=lambda p: (p.voltage, -p.freq_mhz), reverse=True)[:3] or vuln50[:3]
@@ -235,6 +245,11 @@ def _write(args: Any, files: list[Any], glob_cfg: SweepConfig, glob: Any, vuln98
             "global_passes": glob.passes,
             "global_image_forwards_naive": len(glob.points) * args.images * args.seeds,
             "global_rows_per_s": rows / timings["global"],
+            "global_cpu_s": args.global_cpu_s,
+            "global_cpu_s_per_row": args.global_cpu_s / max(1, rows),
+            "loadavg_start": args.loadavg_start,
+            "loadavg_after_global": args.loadavg_after_global,
+            "loadavg_end": os.getloadavg(),
             "full_size": _is_full(args),
             "full_size_rows": full_rows,
             "full_size_global_s_extrapolated": extrapolated,
@@ -254,7 +269,9 @@ def _write(args: Any, files: list[Any], glob_cfg: SweepConfig, glob: Any, vuln98
         },
         notes="SIMULATED: timing-fault model (alpha-power delay, carry chains, Gaussian variation) on a "
         "fixed-point emulation of SkyNet; loss is vs the fault-free model's own boxes (no labels offline). "
-        "Wall times are measured.",
+        f"Wall times are measured. The machine is shared: 1-min load average {args.loadavg_start[0]:.1f} at the "
+        f"start, {args.loadavg_after_global[0]:.1f} after the global sweep, on {os.cpu_count()} cores; the global "
+        f"sweep used {args.global_cpu_s:.0f} CPU s.",
     )
     print(write_record(rec), phase)
     _summary(args, glob, vuln98, l1, l2, band, check, timings, wall)

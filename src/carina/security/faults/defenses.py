@@ -72,10 +72,12 @@ class Detectors:
         self.flags = {name: torch.zeros(batch, dtype=torch.bool, device=dev) for name in ("range", "abft")}
 
         def hook(i: int, acc: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            # A flag is an OR over stages: once every row has it, later checks cannot change it.
             if i in inner:
                 acc = inner[i](i, acc, x)
-            self._check_range(i, acc)
-            if self.model.stages[i].groups == 1:
+            if not bool(self.flags["range"].all()):
+                self._check_range(i, acc)
+            if self.model.stages[i].groups == 1 and not bool(self.flags["abft"].all()):
                 self._check_abft(i, acc, x)
             return acc
 
@@ -94,10 +96,13 @@ class Detectors:
         return self._exact[i]
 
     def _check_range(self, i: int, acc: torch.Tensor) -> None:
+        import torch
+
         lo, hi = self.bounds[i]
         pad = self.margin * (hi - lo)
         b = acc.shape[0]
-        bad = (acc.reshape(b, -1).amax(1) > hi + pad) | (acc.reshape(b, -1).amin(1) < lo - pad)
+        low, high = torch.aminmax(acc.reshape(b, -1), dim=1)  # one pass
+        bad = (high > hi + pad) | (low < lo - pad)
         self.flags["range"] |= bad
 
     def _check_abft(self, i: int, acc: torch.Tensor, x: torch.Tensor) -> None:

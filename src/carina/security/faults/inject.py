@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from carina.core.errors import ConfigError
+from carina.security.faults import kernels
 from carina.security.faults.fixedpoint import ACCUMULATOR, FixedType
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def _shared_masks(
     """
     import torch
 
-    bounds, tables = zip(*(_table(tuple(ts)) for ts in thr), strict=True)
+    bounds, tables = zip(*(kernels.threshold_table(tuple(ts)) for ts in thr), strict=True)
     k = max(len(x) for x in bounds)
     if k == 0:  # no bit is random: no draws
         return torch.tensor([[t[0]] for t in tables], dtype=torch.int32, device=device)
@@ -182,16 +183,6 @@ def _shared_masks(
     _mix32_(draw, torch.empty_like(draw))
     idx = torch.searchsorted(torch.tensor(pad, dtype=torch.int64, device=device), draw, right=True)
     return torch.tensor(tab, dtype=torch.int32, device=device).gather(1, idx)
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _table(thr: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """A row's sorted random thresholds (0 < t < ONE), and its mask for each count of them at or below a draw."""
-    bounds = tuple(sorted(t for t in thr if 0 < t < ONE))
-    certain = sum(1 << b for b, t in enumerate(thr) if t == ONE)
-    below = {b: sum(1 for s in bounds if s < t) for b, t in enumerate(thr) if 0 < t < ONE}  # L_b
-    table = tuple(certain | sum(1 << b for b, lb in below.items() if c <= lb) for c in range(len(bounds) + 1))
-    return bounds, table
 
 
 _BASES: dict[str, Any] = {}
@@ -230,14 +221,16 @@ def _independent_masks(
 
 def apply_flip_rows(
     acc: torch.Tensor, layer: int, fraction: float, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]],
-    *, fmt: FixedType = ACCUMULATOR, shared: bool = True,
+    *, fmt: FixedType = ACCUMULATOR, shared: bool = True, inplace: bool = False, quantized: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """``acc`` (B, ...) with each row's bit flips applied in ``fmt``'s two's-complement codes.
 
     Row ``r`` uses thresholds ``thr[r]`` and draws of ``rows[r] = (seed, image id)``, so one
     batch can mix operating points and seeds; a row's result does not depend on the others.
     Values need not already be quantized: the flip adds the code difference times the step,
-    so float models get the same error as the fixed-point one.
+    so float models get the same error as the fixed-point one. A new tensor, unless
+    ``inplace`` (then the fused CPU kernel, where it applies, writes into ``acc``, and
+    when ``acc`` is already ``quantized`` to ``fmt`` rewrites only the flipped outputs).
     """
     if fraction <= 0 or not any(any(t) for t in thr):
         return acc
@@ -245,16 +238,29 @@ def apply_flip_rows(
     n = round(flat.shape[1] * fraction)
     if not n:
         return acc
+    if shared and kernels.applies(acc):
+        # one fused pass per output, the same bits as the torch ops below (test_faults_kernels)
+        keys = [draw_key(s, i, layer, -1) for s, i in rows]
+        ts = [tuple(t) for t in thr]
+        return kernels.flip_rows_cpu(flat, n, keys, ts, fmt, inplace=inplace, quantized=quantized).view_as(acc)
+    return _flip_rows_torch(flat, n, layer, thr, rows, fmt, shared=shared).view_as(acc)
+
+
+def _flip_rows_torch(
+    flat: torch.Tensor, n: int, layer: int, thr: Sequence[Sequence[int]], rows: Sequence[tuple[int, int]],
+    fmt: FixedType, *, shared: bool,
+) -> torch.Tensor:  # fmt: skip
+    """:func:`apply_flip_rows` on (B, m) values as torch ops (any device; CUDA's path)."""
     out = flat.clone()
     if not shared:
-        _flip_block(out[:, :n], flat[:, :n], _independent_masks(n, layer, thr, rows, acc.device), fmt)
-        return out.view_as(acc)
+        _flip_block(out[:, :n], flat[:, :n], _independent_masks(n, layer, thr, rows, flat.device), fmt)
+        return out
     # On CPU, blocks of columns keep the temporaries small (in cache, no fresh pages).
-    step = max(1, _BLOCK // flat.shape[0]) if acc.device.type == "cpu" else n
+    step = max(1, _BLOCK // flat.shape[0]) if flat.device.type == "cpu" else n
     for lo in range(0, n, step):
         hi = min(n, lo + step)
-        _flip_block(out[:, lo:hi], flat[:, lo:hi], _shared_masks(lo, hi, layer, thr, rows, acc.device), fmt)
-    return out.view_as(acc)
+        _flip_block(out[:, lo:hi], flat[:, lo:hi], _shared_masks(lo, hi, layer, thr, rows, flat.device), fmt)
+    return out
 
 
 _BLOCK = 1 << 22  # elements of a block of outputs flipped at once

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carina.core.errors import ModelFormatError
+from carina.security.faults import kernels
 from carina.security.faults.fixedpoint import ACCUMULATOR, FEATURE, WEIGHT
 
 if TYPE_CHECKING:
@@ -134,7 +135,8 @@ class SkyNet:
 
     ``hooks`` maps a stage index to ``fn(index, acc, x) -> acc``, called on the
     accumulator output ``acc`` of that stage (``x`` is the stage's input) (before bias/activation in fixed mode,
-    after the convolution in float mode) -- where timing faults strike.
+    after the convolution in float mode) -- where timing faults strike. A hook may return
+    ``acc`` changed in place; it must not keep it (the stage rounds it in place afterwards).
     """
 
     stages: list[Stage]
@@ -210,28 +212,39 @@ class SkyNet:
                 cur = _pool2(cur)
             if s.name == "dw6.dw":
                 cur = torch.cat([reorg(p1), cur], 1)  # type: ignore[arg-type]
-            cur = self._stage(i, cur)
-            if s.pool_after and s.name != "dw3.pw":
-                cur = _pool2(cur)
+            cur = self._stage(i, cur, pool=s.pool_after and s.name != "dw3.pw")
         return cur, kept
 
-    def _stage(self, i: int, x: torch.Tensor) -> torch.Tensor:
+    def _stage(self, i: int, x: torch.Tensor, *, pool: bool = False) -> torch.Tensor:
+        """Stage ``i`` on input ``x``, then a 2x2 max pool when ``pool``."""
         s = self.stages[i]
-        w = self._w[i]
-        split = self._split[i]
-        if split is not None:
-            acc = blocked_matmul(x, w, split)
+        # fixed point on the CPU: fused numba kernels, the same bits as the torch ops (test_faults_kernels)
+        fused = self.numeric is Numeric.FIXED and kernels.applies(x)
+        if fused and s.groups > 1 and not self._wide[i]:
+            acc = kernels.depthwise_quantized_cpu(x, self._w[i], ACCUMULATOR)
         else:
-            acc = conv(x.double(), w.double()) if self._wide[i] else conv(x, w)
-        if self.numeric is Numeric.FIXED:
-            acc = ACCUMULATOR.quantize(acc).to(self.dtype)
+            acc = self._conv(i, x)
+            if fused:
+                acc = kernels.quantize_cpu(acc, ACCUMULATOR, self.dtype, inplace=True)  # acc is fresh
+            elif self.numeric is Numeric.FIXED:
+                acc = ACCUMULATOR.quantize(acc).to(self.dtype)
         if i in self.hooks:
             acc = self.hooks[i](i, acc, x)
+        if fused and s.relu6:
+            return kernels.quantize_cpu(acc, FEATURE, self.dtype, bias=self._b[i], relu6=True, inplace=True, pool=pool)
         if self._b[i] is not None:
             acc = acc + self._b[i].view(1, -1, 1, 1)  # type: ignore[union-attr]
         if s.relu6:
             acc = acc.clamp_(0.0, 6.0)
-        return FEATURE.quantize(acc) if self.numeric is Numeric.FIXED and s.relu6 else acc
+        out = FEATURE.quantize(acc) if self.numeric is Numeric.FIXED and s.relu6 else acc
+        return _pool2(out) if pool else out
+
+    def _conv(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Stage ``i``'s convolution: exact float32 channel blocks, float64 where float32 could round, else as is."""
+        w, split = self._w[i], self._split[i]
+        if split is not None:
+            return blocked_matmul(x, w, split)
+        return conv(x.double(), w.double()) if self._wide[i] else conv(x, w)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The raw output of a full run."""
@@ -245,9 +258,11 @@ def _bound(w: torch.Tensor) -> float:
 
 
 def _pool2(x: torch.Tensor) -> torch.Tensor:
-    """2x2 max pool, stride 2 (a max is exact: the same values as ``F.max_pool2d``, without indices)."""
-    b, c, h, w = x.shape
-    return x.reshape(b, c, h // 2, 2, w // 2, 2).amax((3, 5))
+    """2x2 max pool, stride 2, as two maxima of strided views (a max is exact: the values of ``F.max_pool2d``)."""
+    import torch
+
+    top = torch.maximum(x[:, :, 0::2, 0::2], x[:, :, 0::2, 1::2])
+    return torch.maximum(top, torch.maximum(x[:, :, 1::2, 0::2], x[:, :, 1::2, 1::2]), out=top)
 
 
 def exact_blocks(w: torch.Tensor, limit: float = 2.0**24) -> list[tuple[int, int]] | None:
