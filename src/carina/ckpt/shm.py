@@ -40,32 +40,48 @@ def _unregister(tensor: Any) -> None:
     torch.cuda.cudart().cudaHostUnregister(tensor.data_ptr())
 
 
-class MappedArena:
-    """An anonymous shared mapping of ``nbytes`` (page-aligned), pinned when CUDA is present."""
+class _Arena:
+    """What both arenas share: a flat uint8 view, pinned when CUDA is present, released once."""
 
-    def __init__(self, nbytes: int) -> None:
+    tensor: Any = None
+    pinned = False
+
+    def _view(self, buffer: Any, nbytes: int) -> None:
         import torch
 
-        self._map = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-        self.tensor: Any = torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes)
+        self.tensor = torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes)
         self.pinned = _register(self.tensor)
 
+    def _unmap(self) -> None:
+        raise NotImplementedError
+
     def close(self) -> None:
-        """Unpin and unmap (the mapping goes when the last view of it does)."""
+        """Unpin and release the memory (a mapping goes when the last view of it does)."""
         if self.tensor is None:
             return
         if self.pinned:
             _unregister(self.tensor)
         self.tensor = None
-        try:
-            self._map.close()
-        except BufferError:  # views still exported: unmapped when they are collected
-            pass
+        self._unmap()
 
     def __del__(self) -> None:
         try:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+class MappedArena(_Arena):
+    """An anonymous shared mapping of ``nbytes`` (page-aligned), pinned when CUDA is present."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._map = mmap.mmap(-1, nbytes, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        self._view(self._map, nbytes)
+
+    def _unmap(self) -> None:
+        try:
+            self._map.close()
+        except BufferError:  # views still exported: unmapped when they are collected
             pass
 
 
@@ -78,12 +94,10 @@ def mapped_arena(nbytes: int) -> tuple[Any, Any]:
 _SHM_DIR = "/dev/shm"
 
 
-class SharedArena:
+class SharedArena(_Arena):
     """A named shared-memory segment; unlinked when closed."""
 
     def __init__(self, nbytes: int) -> None:
-        import torch
-
         st = os.statvfs(_SHM_DIR)
         free = st.f_bavail * st.f_frsize
         if free < nbytes:  # touching a segment beyond /dev/shm's size is a SIGBUS, not an error
@@ -95,26 +109,13 @@ class SharedArena:
             )
         self._shm = shared_memory.SharedMemory(create=True, size=nbytes)
         self.name = self._shm.name
-        self.tensor: Any = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=nbytes)
-        self.pinned = _register(self.tensor)
+        self._view(self._shm.buf, nbytes)
 
-    def close(self) -> None:
-        """Unpin, unmap and unlink the segment."""
-        if self.tensor is None:
-            return
-        if self.pinned:
-            _unregister(self.tensor)
-        self.tensor = None
+    def _unmap(self) -> None:
         try:
             self._shm.close()
             self._shm.unlink()
         except (BufferError, FileNotFoundError):
-            pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
 
