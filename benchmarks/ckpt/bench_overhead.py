@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_stall import disk_ceiling, size_label
+from bench_stall import size_label, warm_workload
 from ckpt_methods import make_method
-from ckpt_workload import PeakMemory, build, make_step, n_params, release_host_memory, state_bytes
+from ckpt_workload import PeakMemory, n_params, release_host_memory
 from stall_record import env
 
 from carina.core.bench import Figure, make_record, write_record
@@ -104,15 +104,9 @@ def main() -> None:
     args.interval_list = [int(k) for k in args.intervals.split(",") if k]
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     root = Path(args.dir or tempfile.mkdtemp(prefix="carina-ckpt-overhead-"))
     root.mkdir(parents=True, exist_ok=True)
-    model, opt, x = build(args.params, args.device, args.model)
-    step = make_step(model, opt, x, args.device)
-    for _ in range(5):
-        step()
-    nbytes = state_bytes(model, opt)
-    bw, src = disk_ceiling(root, nbytes)
+    model, opt, _x, step, nbytes, bw, src = warm_workload(args.params, args.device, args.model, root)
     run: dict[str, Any] = {"params": n_params(model), "state_bytes": nbytes, "disk_write_Bps": bw,
                            "disk_ceiling_source": src, "persist_s": nbytes / bw,
                            "clean_s": [], "methods": {}}  # fmt: skip

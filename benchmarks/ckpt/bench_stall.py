@@ -114,6 +114,21 @@ def abandon(method: Any) -> None:
         proc.kill()
 
 
+def warm_workload(params: float, device: str, model_kind: str, root: Path) -> tuple[Any, ...]:
+    """Build the workload (seed 0), run 5 warm-up steps, size its state and measure the disk under ``root``.
+
+    Returns ``(model, optimizer, batch, step, state_bytes, disk_write_Bps, disk_ceiling_source)``.
+    """
+    torch.manual_seed(0)
+    model, opt, x = build(params, device, model_kind)
+    step = make_step(model, opt, x, device)
+    for _ in range(5):
+        step()
+    nbytes = state_bytes(model, opt)
+    bw, src = disk_ceiling(root, nbytes)
+    return model, opt, x, step, nbytes, bw, src
+
+
 def disk_ceiling(root: Path, nbytes: int) -> tuple[float, str]:
     """Sequential O_DIRECT write bandwidth (B/s) of the checkpoint disk, with fsync."""
     size = max(256 << 20, min(nbytes, 2 << 30)) >> 20 << 20
@@ -253,13 +268,7 @@ def main() -> None:
         if args.budget_s and t_size - t_start + need > args.budget_s:
             record.add(size_label(params), {"params": params, "skipped": f"time budget (expected {need:.0f} s)"})
             continue
-        torch.manual_seed(0)
-        model, opt, x = build(params, args.device, args.model)
-        step = make_step(model, opt, x, args.device)
-        for _ in range(5):
-            step()
-        nbytes = state_bytes(model, opt)
-        bw, src = disk_ceiling(root, nbytes)
+        model, opt, x, step, nbytes, bw, src = warm_workload(params, args.device, args.model, root)
         run: dict[str, Any] = {"params": n_params(model), "state_bytes": nbytes, "disk_write_Bps": bw,
                                "step_s_median": statistics.median(step() for _ in range(10)), "methods": {},
                                "disk_ceiling_source": src, "sync_copy_s": sync_copy_s(model, opt)}  # fmt: skip
