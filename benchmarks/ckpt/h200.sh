@@ -48,23 +48,8 @@ mkdir -p "$WORK"
 trap 'rm -rf "$WORK"' EXIT
 start=$(date +%s)
 status=0
-left() { echo $((BUDGET_S - ($(date +%s) - start) - 3)); }
-step() {  # step NAME SECONDS CMD...: run under timeout (clipped to the budget left), log and echo, never abort
-  local name=$1 limit=$2
-  shift 2
-  local l
-  l=$(left)
-  [ "$limit" -gt "$l" ] && limit=$l
-  if [ "$limit" -lt 5 ]; then
-    echo "== $name: skipped (budget of ${BUDGET_S}s spent)" | tee -a "$LOG"; status=1; return 0
-  fi
-  echo "== $name (limit ${limit}s, at $(($(date +%s) - start)) s)" | tee -a "$LOG"
-  timeout --signal=TERM --kill-after=2 "$limit" "$@" 2>&1 | tee -a "$LOG"
-  local rc=${PIPESTATUS[0]}
-  echo "== $name: exit $rc after $(($(date +%s) - start)) s" | tee -a "$LOG"
-  [ $rc -eq 0 ] || status=1
-  return 0
-}
+# shellcheck source=benchmarks/ckpt/budget_steps.sh
+. "$(dirname "$0")/budget_steps.sh"
 B=benchmarks/ckpt
 COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
 

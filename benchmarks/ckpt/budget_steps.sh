@@ -1,0 +1,21 @@
+# Sourced by the ckpt device scripts: `step NAME SECONDS CMD...` runs CMD under `timeout` (TERM, then KILL
+# 2 s later), its limit clipped to what is left of BUDGET_S since $start, tees everything into $LOG, sets
+# status=1 on a failure or a skip, and never aborts the script. `left` prints the seconds left.
+# The caller sets BUDGET_S, LOG, start and status first.
+left() { echo $((BUDGET_S - ($(date +%s) - start) - 3)); }
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local l
+  l=$(left)
+  [ "$limit" -gt "$l" ] && limit=$l
+  if [ "$limit" -lt 5 ]; then
+    echo "== $name: skipped (budget of ${BUDGET_S}s spent)" | tee -a "$LOG"; status=1; return 0
+  fi
+  echo "== $name (limit ${limit}s, at $(($(date +%s) - start)) s)" | tee -a "$LOG"
+  timeout --signal=TERM --kill-after=2 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc after $(($(date +%s) - start)) s" | tee -a "$LOG"
+  [ $rc -eq 0 ] || status=1
+  return 0
+}
