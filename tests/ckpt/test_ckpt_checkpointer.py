@@ -229,3 +229,33 @@ def test_default_arena_is_exact_and_shared_with_a_forked_writer(tmp_path: Path) 
     arena.close()
     arena.close()
     assert arena.tensor is None
+
+
+def test_writer_starts_once_a_late_copy_finishes(tmp_path: Path, writer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the staging copy is still running at save(): the writer must start later, unasked."""
+    import time
+
+    from carina.ckpt.staging import Stager
+    from carina.testing.ckpt import FakeCopyEvent
+
+    if writer == "sync":
+        pytest.skip("the sync writer writes inside save()")
+    events: list[FakeCopyEvent] = []
+    stage = Stager.stage
+
+    def late_stage(self: Stager, *args: object, **kwargs: object) -> object:
+        snap = stage(self, *args, **kwargs)  # type: ignore[arg-type]
+        snap.event = FakeCopyEvent()
+        events.append(snap.event)
+        return snap
+
+    monkeypatch.setattr(Stager, "stage", late_stage)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind(writer))) as ckpt:
+        ckpt.save(3, make_state(0))
+        assert ckpt.in_flight() and committed_steps(str(tmp_path)) == []  # nothing written before the copy ends
+        events[0].finish()  # the D2H copy completes; training goes on polling, never calling wait()
+        for _ in range(3000):
+            if not ckpt.in_flight():
+                break
+            time.sleep(0.01)
+        assert committed_steps(str(tmp_path)) == [3]

@@ -233,6 +233,7 @@ class ForkWriter(Writer):
         return True
 
     def _busy(self) -> set[int]:
+        self._pump()  # a snapshot still copying at submit is forked here, once its copy is done
         while self._reap(block=False):
             self._pump()
         busy = {snap.arena for _, snap in self._pending}

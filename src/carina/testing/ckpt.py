@@ -19,7 +19,7 @@ import signal
 import sys
 from typing import Any
 
-__all__ = ["TinyLM", "crash_at", "dist_worker", "main", "make_model", "params_digest", "train"]
+__all__ = ["FakeCopyEvent", "TinyLM", "crash_at", "dist_worker", "main", "make_model", "params_digest", "train"]
 
 VOCAB, SEQ, BATCH = 64, 16, 4
 
@@ -42,6 +42,30 @@ class TinyLM:
                 return type("Out", (), {"loss": loss})()
 
         return _LM()
+
+
+class FakeCopyEvent:
+    """FAKE: stands in for the CUDA event of a device-to-host staging copy still in flight.
+
+    CPU tests have no CUDA copies, so every snapshot is complete at ``save``. On a
+    GPU it is not: writers must start later, once the copy is done. ``query()`` is
+    False until :meth:`finish` (or ``synchronize()``) is called.
+    """
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def finish(self) -> None:
+        """The copy is done."""
+        self.finished = True
+
+    def query(self) -> bool:
+        """Whether the copy is done (never blocks)."""
+        return self.finished
+
+    def synchronize(self) -> None:
+        """Wait for the copy (here: finish it)."""
+        self.finished = True
 
 
 def make_model(kind: str = "llama", seed: int = 0) -> Any:
