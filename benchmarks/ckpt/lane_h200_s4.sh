@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# carina.ckpt on the H200, session 4: what the earlier runs could not show (issue 7).
+#  1. stall   125M, carina fork (its writer now starts once a GPU copy ends), process, thread, with torch.save
+#             and dcp.async_save in the same run, 4 saves each                      -> ckpt_stall_h200_s4.json
+#  2. overhead 125M, carina process and fork, a save every 25/50/100 steps, a clean window between every two
+#             timed windows (T_clean = the mean of the two around each)          -> ckpt_overhead_h200_s4.json
+#  3. sizes   350M then 1.3B: carina process and fork, torch.save, dcp.async_save, 2 saves each (appended to 1.)
+# HARD BUDGET: BUDGET_S (default 400 s); each step under `timeout`, clipped to what is left; records are
+# written into $OUT/ckpt/ after every method. Peak scratch disk ~35 GB and host RAM ~55 GB at 1.3B.
+# Usage (repository root): OUT=<dir> bash benchmarks/ckpt/lane_h200_s4.sh
+# CPU proof with tiny sizes: DEVICE=cpu OUT=/tmp/ck bash benchmarks/ckpt/lane_h200_s4.sh
+set -uo pipefail
+: "${OUT:?set OUT to the folder the records go to}"
+DEVICE=${DEVICE:-cuda}
+if [ "$DEVICE" = cpu ]; then
+  P1=2e6; SIZES=4e6,8e6; STEPS=30; INTERVALS=5,10,20; SUFFIX=_cpu_proof_s4
+else
+  P1=125e6; SIZES=350e6,1.3e9; STEPS=200; INTERVALS=25,50,100; SUFFIX=_h200_s4
+fi
+BUDGET_S=${BUDGET_S:-400}
+PYTHON=${PYTHON:-python3}
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
+mkdir -p "$OUT/ckpt"
+LOG="$OUT/ckpt/lane_s4.log"
+: >"$LOG"
+WORK="./.ckpt_s4.$$"
+mkdir -p "$WORK"
+trap 'rm -rf "$WORK"' EXIT
+start=$(date +%s)
+status=0
+# shellcheck source=benchmarks/ckpt/budget_steps.sh
+. "$(dirname "$0")/budget_steps.sh"
+B=benchmarks/ckpt
+COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
+
+step "stall ($DEVICE, llama $P1)" 80 \
+  "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$P1" --reps 4 --writers fork,process,thread \
+  --peers torch.save,dcp.async_save --budget-s 62 --save-deadline-s 12 --name "ckpt_stall$SUFFIX"
+rm -rf "$WORK/run"
+step "overhead ($DEVICE, llama $P1, K=$INTERVALS, clean windows between)" 140 \
+  "$PYTHON" $B/bench_overhead.py "${COMMON[@]}" --params "$P1" --steps "$STEPS" --intervals "$INTERVALS" \
+  --methods carina-process,carina-fork --clean-between --budget-s 75 --name "ckpt_overhead$SUFFIX"
+rm -rf "$WORK/run"
+SIZES_LIMIT=$(left)
+step "sizes ($DEVICE, llama $SIZES)" "$SIZES_LIMIT" \
+  "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$SIZES" --reps 2 --writers process,fork \
+  --peers torch.save,dcp.async_save --budget-s $((SIZES_LIMIT - 8)) --save-deadline-s 40 --append \
+  --name "ckpt_stall$SUFFIX"
+rm -rf "$WORK/run"
+echo "== summary (total $(($(date +%s) - start)) s of ${BUDGET_S}, status $status)" | tee -a "$LOG"
+"$PYTHON" $B/ckpt_summary.py "$OUT/ckpt" "$SUFFIX" 2>&1 | tee -a "$LOG"
+exit "$status"
