@@ -2,10 +2,12 @@
 # carina.ckpt on the H200, session 4: what the earlier runs could not show (issue 7).
 #  1. stall   125M, carina fork (its writer now starts once a GPU copy ends), process, thread, with torch.save
 #             and dcp.async_save in the same run, 4 saves each                      -> ckpt_stall_h200_s4.json
-#  2. overhead 125M, carina process and fork, a save every 25/50/100 steps, a clean window between every two
+#  2. overhead 125M, carina process, a save every 25/50/100 steps, a clean window between every two
 #             timed windows (T_clean = the mean of the two around each)          -> ckpt_overhead_h200_s4.json
-#  3. sizes   350M then 1.3B: carina process and fork, torch.save, dcp.async_save, 2 saves each (appended to 1.)
-# HARD BUDGET: BUDGET_S (default 400 s); each step under `timeout`, clipped to what is left; records are
+#  3. offload carina.offload llama-1b (1.1B) under an 8 GiB cap, 8k tokens/step: carina process/thread/fork
+#             and torch.save, each saving the offloaded run's state once, timed      -> ckpt_offload_h200_s4.json
+#  4. sizes   350M then 1.3B: carina process and fork, torch.save, dcp.async_save, 2 saves each (appended to 1.)
+# HARD BUDGET: BUDGET_S (default 480 s); each step under `timeout`, clipped to what is left; records are
 # written into $OUT/ckpt/ after every method. Peak scratch disk ~35 GB and host RAM ~55 GB at 1.3B.
 # Usage (repository root): OUT=<dir> bash benchmarks/ckpt/lane_h200_s4.sh
 # CPU proof with tiny sizes: DEVICE=cpu OUT=/tmp/ck bash benchmarks/ckpt/lane_h200_s4.sh
@@ -17,7 +19,7 @@ if [ "$DEVICE" = cpu ]; then
 else
   P1=125e6; SIZES=350e6,1.3e9; STEPS=200; INTERVALS=25,50,100; SUFFIX=_h200_s4
 fi
-BUDGET_S=${BUDGET_S:-400}
+BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
 mkdir -p "$OUT/ckpt"
@@ -37,9 +39,14 @@ step "stall ($DEVICE, llama $P1)" 80 \
   "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$P1" --reps 4 --writers fork,process,thread \
   --peers torch.save,dcp.async_save --budget-s 62 --save-deadline-s 12 --name "ckpt_stall$SUFFIX"
 rm -rf "$WORK/run"
-step "overhead ($DEVICE, llama $P1, K=$INTERVALS, clean windows between)" 140 \
+step "overhead ($DEVICE, llama $P1, K=$INTERVALS, clean windows between)" 90 \
   "$PYTHON" $B/bench_overhead.py "${COMMON[@]}" --params "$P1" --steps "$STEPS" --intervals "$INTERVALS" \
-  --methods carina-process,carina-fork --clean-between --budget-s 75 --name "ckpt_overhead$SUFFIX"
+  --methods carina-process --clean-between --budget-s 60 --name "ckpt_overhead$SUFFIX"
+rm -rf "$WORK/run"
+if [ "$DEVICE" = cpu ]; then OFF=(--model tiny --budget 4MiB); else OFF=(--model llama-1b --budget 8GiB --micro-batch 4 --seq-len 2048); fi
+step "offload ($DEVICE, ${OFF[*]})" 130 \
+  "$PYTHON" $B/bench_offload.py --device "$DEVICE" "${OFF[@]}" --dir "$WORK/run" --deadline-s 40 \
+  --name "ckpt_offload$SUFFIX"
 rm -rf "$WORK/run"
 SIZES_LIMIT=$(left)
 step "sizes ($DEVICE, llama $SIZES)" "$SIZES_LIMIT" \
