@@ -43,7 +43,8 @@ class Driver:
     """Cycles the methods through warm-up save, timed save, clean steps (as ``after_step``)."""
 
     def __init__(self, methods: list[str], root: Path, warmup: int, settle: int, deadline_s: float) -> None:
-        self.todo, self.root, self.warmup, self.settle, self.deadline_s = list(methods), root, warmup, settle, deadline_s
+        self.todo, self.root, self.warmup, self.settle = list(methods), root, warmup, settle
+        self.deadline_s = deadline_s
         self.model: Any = None
         self.opt: Any = None
         self.method: Any = None
@@ -127,9 +128,9 @@ class Driver:
 
 
 def main() -> None:
+    from carina.memory.tiers import parse_bytes
     from carina.offload.config import OffloadConfig
     from carina.offload.job import TrainConfig, run
-    from carina.memory.tiers import parse_bytes
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny")
