@@ -19,6 +19,15 @@ def test_config_validates() -> None:
     with pytest.raises(ConfigError, match="keep_last"):
         Config(dir="x", keep_last=-1)
     assert Config.from_dict({"dir": "x", "writer": "thread"}).writer is WriterKind.THREAD
+    with pytest.raises(ConfigError, match="device_snapshot"):
+        Config(dir="x", device_snapshot="always")
+
+
+def test_device_snapshot_auto_takes_at_most_a_quarter_of_free_memory() -> None:
+    from carina.ckpt.staging import device_snapshot_fits
+
+    assert device_snapshot_fits(16 << 30, 64 << 30) and device_snapshot_fits(0, 0)
+    assert not device_snapshot_fits((16 << 30) + 1, 64 << 30)
 
 
 def test_save_restore_bitwise(tmp_path: Path, writer: str) -> None:

@@ -65,7 +65,7 @@ class Checkpointer:
             from carina.ckpt.shm import shm_arena
 
             factory = shm_arena
-        self._stager = Stager(factory)
+        self._stager = Stager(factory, device_snapshot=config.device_snapshot)
         if config.arena_bytes:
             self._stager.preallocate(config.arena_bytes)
         self._writer = make_writer(config.writer)
@@ -142,7 +142,7 @@ class Checkpointer:
 
     def _before_step(self) -> None:
         """Optimizer pre-step: parameters may change only after staging has copied them."""
-        self._stager.wait()
+        self._stager.wait_released()
         self._writer.busy()  # lets a fork/process writer start on the now complete arena
 
     def in_flight(self) -> bool:

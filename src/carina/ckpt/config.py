@@ -28,6 +28,11 @@ class CheckpointConfig(Config):
         arena_bytes: Allocate (and pin) both staging arenas of this size up front, so
             the first saves do not pay for it; 0 sizes them at the first save. They
             grow when the state outgrows them.
+        device_snapshot: ``auto`` (default), ``on`` or ``off``: on CUDA, copy parameters and
+            optimizer state into a spare device buffer first, so the next optimizer step waits
+            only for that device-to-device copy while the copy to host runs behind the next
+            steps; ``auto`` does so when the buffer takes at most a quarter of the free device
+            memory, and every mode falls back to direct copies when it cannot be allocated.
         remote: An fsspec URL (``s3://bucket/prefix``, ``memory://x``, ...) that
             committed checkpoints are uploaded to at :meth:`Checkpointer.wait` and
             ``close``, and restored from when it holds a newer one than ``dir``
@@ -41,6 +46,7 @@ class CheckpointConfig(Config):
     every_steps: int = 0
     commit_timeout_s: float = 600.0
     arena_bytes: int = 0
+    device_snapshot: str = "auto"
     remote: str = ""
     remote_options: dict[str, Any] = field(default_factory=dict)
 
@@ -50,5 +56,7 @@ class CheckpointConfig(Config):
         require(self.keep_last >= 0, "keep_last must be >= 0", key="keep_last")
         require(self.every_steps >= 0, "every_steps must be >= 0", key="every_steps")
         require(self.arena_bytes >= 0, "arena_bytes must be >= 0", key="arena_bytes")
+        require(self.device_snapshot in ("auto", "on", "off"), "device_snapshot must be auto, on or off",
+                key="device_snapshot")  # fmt: skip
         require(not self.remote or "://" in self.remote, "remote must be an fsspec URL", key="remote")
         require(self.commit_timeout_s > 0, "commit_timeout_s must be positive", key="commit_timeout_s")

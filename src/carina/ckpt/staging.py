@@ -6,6 +6,13 @@ copies run on a side stream that first waits for the compute stream, and an
 event marks their end: training goes on at once, and only an optimizer step
 (which would overwrite parameters not yet copied) waits for that event. On CPU
 the copy is a plain ``copy_``.
+
+With a device snapshot (``device_snapshot``: on, or auto when the GPU has room),
+the side stream first copies the parameters and optimizer state into a spare
+device buffer (device-to-device, HBM speed) and only then to the host arena: the
+optimizer step waits for the device copy alone, and the PCIe copy runs while the
+next steps compute (the stream's order keeps the next snapshot from overwriting
+the buffer before its bytes left).
 """
 
 from __future__ import annotations
@@ -16,7 +23,10 @@ from typing import Any
 
 from carina.ckpt.layout import Layout, dtype_name, plan_layout, torch_dtype
 
-__all__ = ["ArenaFactory", "Snapshot", "Stager", "host_arena"]
+__all__ = ["ArenaFactory", "Snapshot", "Stager", "device_snapshot_fits", "host_arena"]
+
+#: ``device_snapshot="auto"`` uses a spare device buffer only when it takes at most this share of free memory.
+AUTO_FREE_SHARE = 0.25
 
 #: Makes a flat uint8 host tensor of at least n bytes; returns (tensor, keep-alive handle).
 ArenaFactory = Callable[[int], tuple[Any, Any]]
@@ -37,6 +47,15 @@ class Snapshot:
     layout: Layout
     image: Any  # uint8 tensor, len == layout.size
     event: Any = None  # torch.cuda.Event or None
+    released: Any = None  # torch.cuda.Event: the device-side copy is done (parameters may change)
+
+    def wait_released(self) -> None:
+        """Block until the source tensors may change (device snapshot: its D2D copy; else every byte)."""
+        if self.released is not None:
+            self.released.synchronize()
+            self.released = None
+            return
+        self.wait()
 
     def wait(self) -> None:
         """Block until every byte is in host memory."""
@@ -59,10 +78,16 @@ class Stager:
     Args:
         factory: Allocates an arena (grown when the state grows).
         arenas: How many arenas to rotate (2: A/B).
+        device_snapshot: ``off``, ``on`` or ``auto``: copy the guarded CUDA tensors into a
+            spare device buffer first (see the module docstring); ``auto`` when
+            :func:`device_snapshot_fits`; either falls back to direct copies when the
+            buffer cannot be allocated.
     """
 
-    def __init__(self, factory: ArenaFactory = host_arena, arenas: int = 2) -> None:
+    def __init__(self, factory: ArenaFactory = host_arena, arenas: int = 2, device_snapshot: str = "off") -> None:
         self._factory = factory
+        self._device_mode = device_snapshot  # "off", "on" or "auto"
+        self._dev: Any = None  # the spare device buffer (flat uint8)
         self._bufs: list[tuple[Any, Any] | None] = [None] * arenas
         self._layout: Layout | None = None
         self._stream: Any = None
@@ -110,32 +135,70 @@ class Stager:
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=on_gpu[0].device)
             self._stream.wait_stream(compute)
+        side = [s for s in layout.slots if tensors[s.name].is_cuda and tensors[s.name].data_ptr() in guarded]
+        dev = self._device_buffer(tensors, side) if side else None
+        on_side = {s.name for s in side}
         for slot in layout.slots:
             src = tensors[slot.name]
-            start = layout.data_start + slot.offset
-            dst = image[start : start + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
-            if src.is_cuda and src.data_ptr() in guarded:
-                with torch.cuda.stream(self._stream):
-                    dst.copy_(src, non_blocking=True)
+            dst = _slot_view(image, layout.data_start, slot)
+            if slot.name in on_side:
+                with torch.cuda.stream(self._stream):  # with a device buffer: D2D now, D2H below
+                    (dst if dev is None else _slot_view(dev, 0, slot)).copy_(src, non_blocking=True)
                 src.record_stream(self._stream)
             else:
                 dst.copy_(src, non_blocking=src.is_cuda)  # on the compute stream
+        released = None
+        if dev is not None:
+            released = torch.cuda.Event()
+            released.record(self._stream)  # what the optimizer step waits for
+            with torch.cuda.stream(self._stream):
+                for slot in side:
+                    _slot_view(image, layout.data_start, slot).copy_(_slot_view(dev, 0, slot), non_blocking=True)
         event = None
         if compute is not None:
             self._stream.wait_stream(compute)  # the event also covers the compute-stream copies
             event = torch.cuda.Event()
             event.record(self._stream)
-        self.pending = Snapshot(arena, layout, image, event)
+        self.pending = Snapshot(arena, layout, image, event, released)
         return self.pending
 
+    def _device_buffer(self, tensors: Mapping[str, Any], slots: list[Any]) -> Any:
+        """The spare device buffer for ``slots`` (indexed by their layout offsets), or None: no device snapshot."""
+        import torch
+
+        if self._device_mode == "off":
+            return None
+        need = max(s.offset + s.nbytes for s in slots)
+        device = tensors[slots[0].name].device
+        if self._dev is not None and self._dev.numel() >= need and self._dev.device == device:
+            return self._dev
+        if self._dev is not None:
+            self._stream.synchronize()  # the old buffer's last copies are done before it is freed
+            self._dev = None
+        free, _total = torch.cuda.mem_get_info(device)
+        if self._device_mode == "auto" and not device_snapshot_fits(need, free):
+            return None
+        try:
+            self._dev = torch.empty(need, dtype=torch.uint8, device=device)
+        except torch.cuda.OutOfMemoryError:
+            self._device_mode = "off" if self._device_mode == "auto" else self._device_mode
+            return None
+        return self._dev
+
     def wait(self) -> None:
-        """Block until the latest snapshot is fully in host memory (called before optimizer steps)."""
+        """Block until the latest snapshot is fully in host memory."""
         if self.pending is not None:
             self.pending.wait()
+
+    def wait_released(self) -> None:
+        """Block until the latest snapshot's sources may change (called before optimizer steps)."""
+        if self.pending is not None:
+            self.pending.wait_released()
 
     def close(self) -> None:
         """Release the arenas (shared-memory ones are unlinked)."""
         self.wait()
+        self._dev = None
         for i, buf in enumerate(self._bufs):
             self._bufs[i] = None
             if buf is not None and hasattr(buf[1], "close"):
@@ -155,6 +218,16 @@ class Stager:
             buf = self._bufs[arena]
         assert buf is not None
         return buf[0][:size]
+
+
+def _slot_view(buf: Any, base: int, slot: Any) -> Any:
+    """``slot``'s bytes of the flat uint8 ``buf`` (starting at ``base``) as a tensor of its dtype and shape."""
+    return buf[base + slot.offset : base + slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
+
+
+def device_snapshot_fits(nbytes: int, free: int) -> bool:
+    """Whether ``device_snapshot="auto"`` takes a spare device buffer of ``nbytes`` with ``free`` bytes free."""
+    return nbytes <= AUTO_FREE_SHARE * free
 
 
 def _sort_key(spec: tuple[str, str, tuple[int, ...]]) -> tuple[int, str]:
