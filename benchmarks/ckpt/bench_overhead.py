@@ -6,7 +6,9 @@ and after the last) and, per method and interval K, the same window
 with a save at steps K/2, K/2 + K, ... (so even the last save overlaps K/2 steps).
 overhead = (T_K - T_clean) / T_clean, T_clean the median of all clean windows
 (with ``--clean-between``: a clean window between every two timed windows, and
-T_clean the mean of the two around each). What a save still had to write after the window
+T_clean the mean of the two around each; ``--pairs N`` repeats each interval's
+window N times that way and reports the median of the N overheads, so a slow
+drift of the step time cancels and one noisy window does not decide). What a save still had to write after the window
 (``drain_s``) is reported, not counted. Each method makes one untimed save first
 (arena pinning, process start). The time to persist (state bytes / disk write
 bandwidth, fio in the same run) says where the issue's goal applies: overhead
@@ -75,12 +77,17 @@ def run_method(name: str, args: Any, model: Any, opt: Any, step: Any, root: Path
             m.start(counter[0])  # untimed first save: arenas, writer process, DCP plans
             while not m.done():
                 step()
-            for i, k in enumerate(args.interval_list):
-                if args.clean_between and i:
-                    clean.append(window(step, args.steps, 0)["window_s"])
-                out[str(k)] = {**window(step, args.steps, counter[0], m, k), "clean_before_s": clean[-1]}
-                counter[0] += args.steps
-                print(f"  {name} K={k}: {out[str(k)]}", file=sys.stderr, flush=True)
+            first = True
+            for k in args.interval_list:
+                reps = []
+                for _ in range(args.pairs):
+                    if args.clean_between and not first:
+                        clean.append(window(step, args.steps, 0)["window_s"])
+                    first = False
+                    reps.append({**window(step, args.steps, counter[0], m, k), "clean_before_s": clean[-1]})
+                    counter[0] += args.steps
+                out[str(k)] = {**reps[0], "reps": reps} if args.pairs > 1 else reps[0]
+                print(f"  {name} K={k}: {reps}", file=sys.stderr, flush=True)
         finally:
             m.close()
     shutil.rmtree(sub, ignore_errors=True)
@@ -100,7 +107,9 @@ def main() -> None:
     ap.add_argument("--name", default=None)
     ap.add_argument("--budget-s", type=float, default=0, help="start no method after this many seconds")
     ap.add_argument("--clean-between", action="store_true", help="a clean window between all windows (a drifting load)")
+    ap.add_argument("--pairs", type=int, default=1, help="timed windows per interval (implies --clean-between if > 1)")
     args = ap.parse_args()
+    args.clean_between = args.clean_between or args.pairs > 1
     args.interval_list = [int(k) for k in args.intervals.split(",") if k]
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -140,23 +149,40 @@ def rows(args: Any, run: dict[str, Any]) -> list[dict[str, Any]]:
         if "windows" not in res:
             out.append({"method": name, "note": str(res.get("error") or res.get("skipped"))[:300]})
             continue
-        wins = list(res["windows"].items())
-        for j, (k, w) in enumerate(wins):
+        wins = _flat_windows(res)
+        for j, (_k, w) in enumerate(wins):
             if args.clean_between:  # the clean windows just before and just after this one
                 after = wins[j + 1][1]["clean_before_s"] if j + 1 < len(wins) else res.get("clean_after_s")
                 t_clean = statistics.mean([w["clean_before_s"], after if after is not None else w["clean_before_s"]])
             else:
                 t_clean = statistics.median(run["clean_s"])
+            w["t_clean_s"] = t_clean
+        for k, group in _by_interval(wins).items():
+            pcts = [100 * (w["window_s"] - w["t_clean_s"]) / w["t_clean_s"] for w in group]
+            w, t_clean, pct = group[0], statistics.mean(w2["t_clean_s"] for w2 in group), statistics.median(pcts)
+            saves = w["saves"] * len(group)
+            blocking = sum(g["blocking_s"] for g in group) / max(1, saves)
             step_s = t_clean / args.steps
-            pct = 100 * (w["window_s"] - t_clean) / t_clean
             interval_s = int(k) * step_s
             applies = interval_s >= 2 * run["persist_s"]
             out.append({"method": name, "interval": int(k), "interval_s": round(interval_s, 3),
-                        "overhead_pct": round(pct, 2), "saves": w["saves"],
-                        "blocking_s_per_save": round(w["blocking_s"] / max(1, w["saves"]), 4),
-                        "drain_s": round(w["drain_s"], 3), "goal_applies": applies,
+                        "overhead_pct": round(pct, 2), "overhead_pct_reps": [round(p, 2) for p in pcts],
+                        "saves": saves, "blocking_s_per_save": round(blocking, 4),
+                        "drain_s": round(max(g["drain_s"] for g in group), 3), "goal_applies": applies,
                         "goal_met": (pct <= GOAL_PCT) if applies else None,
                         "host_extra_GB": round(res["host_extra_GB"], 3)})  # fmt: skip
+    return out
+
+
+def _flat_windows(res: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A method's timed windows in the order they ran: (interval, window), repetitions expanded."""
+    return [(k, r) for k, w in res["windows"].items() for r in w.get("reps", [w])]
+
+
+def _by_interval(wins: list[tuple[str, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for k, w in wins:
+        out.setdefault(k, []).append(w)
     return out
 
 
@@ -177,7 +203,7 @@ def write(args: Any, run: dict[str, Any]) -> None:
     metrics = {"summary": summary, **run}
     label = size_label(args.params)
     cfg = {k: getattr(args, k) for k in ("params", "model", "device", "steps", "intervals", "methods", "threads",
-                                          "budget_s", "clean_between")}  # fmt: skip
+                                          "budget_s", "clean_between", "pairs")}  # fmt: skip
     where = "the two around each window" if args.clean_between else "before the first, after the last method"
     notes = (f"{args.model} {label} ({run['params'] / 1e6:.1f}M params, {run['state_bytes'] / 1e9:.2f} GB state) on "
              f"{args.device}; overhead of a window of {args.steps} steps with a save every K steps (at K/2 + jK) "

@@ -20,6 +20,10 @@ else
   P1=125e6; SIZES=350e6,1.3e9; STEPS=200; INTERVALS=25,50,100; SUFFIX=_h200_s4
 fi
 BUDGET_S=${BUDGET_S:-480}
+PARTS=${PARTS:-stall overhead offload sizes}   # which steps run, in this order
+SIZES=${SIZES_ONLY:-$SIZES}; SIZE_WRITERS=${SIZE_WRITERS:-process,fork}; SIZE_PEERS=${SIZE_PEERS:-torch.save,dcp.async_save}
+SUFFIX=${SUFFIX_OVERRIDE:-$SUFFIX}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
 mkdir -p "$OUT/ckpt"
@@ -35,23 +39,23 @@ status=0
 B=benchmarks/ckpt
 COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
 
-step "stall ($DEVICE, llama $P1)" 80 \
-  "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$P1" --reps 4 --writers fork,process,thread \
-  --peers torch.save,dcp.async_save --budget-s 62 --save-deadline-s 12 --name "ckpt_stall$SUFFIX"
+has stall && step "stall ($DEVICE, llama $P1)" 100 \
+  "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$P1" --reps 4 --writers process,thread,fork \
+  --peers dcp.async_save,torch.save --budget-s 80 --save-deadline-s 12 --name "ckpt_stall$SUFFIX"
 rm -rf "$WORK/run"
-step "overhead ($DEVICE, llama $P1, K=$INTERVALS, clean windows between)" 90 \
-  "$PYTHON" $B/bench_overhead.py "${COMMON[@]}" --params "$P1" --steps "$STEPS" --intervals "$INTERVALS" \
-  --methods carina-process --clean-between --budget-s 60 --name "ckpt_overhead$SUFFIX"
+has overhead && step "overhead ($DEVICE, llama $P1, K=$INTERVALS, 2 interleaved windows each)" 110 \
+  "$PYTHON" $B/bench_overhead.py "${COMMON[@]}" --params "$P1" --steps $((STEPS / 2)) --intervals "$INTERVALS" \
+  --methods carina-process --pairs 2 --budget-s 60 --name "ckpt_overhead$SUFFIX"
 rm -rf "$WORK/run"
-if [ "$DEVICE" = cpu ]; then OFF=(--model tiny --budget 4MiB); else OFF=(--model llama-1b --budget 8GiB --micro-batch 4 --seq-len 2048); fi
-step "offload ($DEVICE, ${OFF[*]})" 130 \
+if [ "$DEVICE" = cpu ]; then OFF=(--model tiny --budget 4MiB); else OFF=(--model llama-1b --budget 12GiB --micro-batch 4 --seq-len 2048); fi
+has offload && step "offload ($DEVICE, ${OFF[*]})" 110 \
   "$PYTHON" $B/bench_offload.py --device "$DEVICE" "${OFF[@]}" --dir "$WORK/run" --deadline-s 40 \
-  --name "ckpt_offload$SUFFIX"
+  --methods carina-process,carina-thread,torch.save --name "ckpt_offload$SUFFIX"
 rm -rf "$WORK/run"
 SIZES_LIMIT=$(left)
-step "sizes ($DEVICE, llama $SIZES)" "$SIZES_LIMIT" \
-  "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$SIZES" --reps 2 --writers process,fork \
-  --peers torch.save,dcp.async_save --budget-s $((SIZES_LIMIT - 8)) --save-deadline-s 40 --append \
+has sizes && step "sizes ($DEVICE, llama $SIZES)" "$SIZES_LIMIT" \
+  "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$SIZES" --reps 2 --writers "$SIZE_WRITERS" \
+  --peers "$SIZE_PEERS" --budget-s $((SIZES_LIMIT - 8)) --save-deadline-s 40 --append \
   --name "ckpt_stall$SUFFIX"
 rm -rf "$WORK/run"
 echo "== summary (total $(($(date +%s) - start)) s of ${BUDGET_S}, status $status)" | tee -a "$LOG"
