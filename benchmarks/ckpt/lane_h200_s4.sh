@@ -26,6 +26,11 @@ SUFFIX=${SUFFIX_OVERRIDE:-$SUFFIX}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
+if ls .whl-ckpt/*.whl >/dev/null 2>&1; then  # carried wheels (isal: ISA-L's CRC-32 for the checksums)
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-ckpt \
+    .whl-ckpt/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-ckpt
+fi
+"$PYTHON" -c "from carina.ckpt.checksum import BACKEND; print('checksum backend:', BACKEND)"
 mkdir -p "$OUT/ckpt"
 LOG="$OUT/ckpt/lane_s4.log"
 : >"$LOG"

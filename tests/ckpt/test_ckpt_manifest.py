@@ -105,3 +105,15 @@ def test_fuzz_field_mutations(data: st.DataObject) -> None:
         _check_invariants(parse_manifest(json.dumps(mutated)))
     except CorruptCheckpoint:
         pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=5000), st.binary(max_size=5000))
+def test_checkpoint_crc32_is_zlibs_crc32(a: bytes, b: bytes) -> None:
+    """The fast backend (ISA-L when installed) gives zlib's CRC-32, also continued across pieces."""
+    import zlib
+
+    from carina.ckpt.checksum import crc32
+
+    assert crc32(a + b) == zlib.crc32(a + b) == crc32(b, crc32(a))
+    assert crc32(memoryview(a + b)[len(a) :], zlib.crc32(a)) == zlib.crc32(a + b)

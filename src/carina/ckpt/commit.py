@@ -25,11 +25,11 @@ import os
 import re
 import shutil
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from carina.ckpt.checksum import crc32
 from carina.ckpt.layout import Slot
 from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, TensorEntry, parse_shard
 from carina.core.errors import CheckpointError, DeviceFull
@@ -208,13 +208,13 @@ def _write_shard(job: CommitJob, image: memoryview, write: Writer) -> ShardEntry
     _phase("checksums")
     finish()
     _phase("data")
-    return ShardEntry(job.rank, file, job.size, start, zlib.crc32(job.header), tensors)
+    return ShardEntry(job.rank, file, job.size, start, crc32(job.header), tensors)
 
 
 def _crc(image: memoryview, offset: int, nbytes: int) -> int:
     crc = 0
     for off in range(offset, offset + nbytes, CHUNK):
-        crc = zlib.crc32(image[off : min(off + CHUNK, offset + nbytes)], crc)
+        crc = crc32(image[off : min(off + CHUNK, offset + nbytes)], crc)
     return crc
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import warnings
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from carina.ckpt.checksum import crc32
 from carina.ckpt.commit import LATEST, committed_steps, step_dir_name
 from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, TensorEntry, parse_manifest
 from carina.core.errors import CarinaError, CheckpointError, CorruptCheckpoint
@@ -123,12 +123,12 @@ def _read_file(path: str, size: int) -> Any:
 def check_shard_bytes(buf: Any, shard: ShardEntry, path: str) -> None:
     """Header and every tensor crc32; tensors are checked by a few threads (zlib releases the GIL)."""
     view = memoryview(buf)
-    if zlib.crc32(view[: shard.data_start]) != shard.header_crc32:
+    if crc32(view[: shard.data_start]) != shard.header_crc32:
         raise CorruptCheckpoint("shard header checksum mismatch", path=path, offset=0)
 
     def bad(t: TensorEntry) -> bool:
         start = shard.data_start + t.offset
-        return zlib.crc32(view[start : start + t.nbytes]) != t.crc32
+        return crc32(view[start : start + t.nbytes]) != t.crc32
 
     threads = min(8, os.cpu_count() or 1, max(1, sum(t.nbytes for t in shard.tensors) >> 26))
     if threads > 1:
