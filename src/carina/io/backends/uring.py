@@ -87,7 +87,12 @@ class UringBackend(IOBackend):
         self._poke()
 
     def _submit_gather(self, gather: GatherOp) -> None:
-        self._queue.append([gather, 0])  # [gather, next row]
+        # The caller's thread names the gather and builds all its ring entries, so the ring thread only copies.
+        gid = next(self._ids) & 0x1FFFFFFF
+        users = np.uint64(_ROW | gid << 32) | np.arange(len(gather.offsets), dtype=np.uint64)
+        entries = Ring.entries(OP_READ, gather.fd, gather.offsets, gather.addresses, gather.lengths, users)
+        self._gathers[gid] = gather
+        self._queue.append([gather, 0, entries])  # [gather, next row, its entries]
         self._poke()
 
     def _poke(self) -> None:
@@ -114,15 +119,12 @@ class UringBackend(IOBackend):
         error = OSError(5, f"uring backend stopped: {exc!r}")
         for op, _ in self._ops.values():
             op.finish(error)
-        for gather in self._gathers.values():
+        for gather in list(self._gathers.values()):  # every gather submitted and not finished, queued or not
             gather.results[gather.results < 0] = -5
             gather.finish()
         for item in self._queue:
             if isinstance(item, Op):
                 item.finish(error)
-            elif len(item) < 3:
-                item[0].results[:] = -5
-                item[0].finish()
 
     def _turn(self) -> None:
         self._arm_wake()
@@ -133,7 +135,18 @@ class UringBackend(IOBackend):
             self._sleeping = True
             self._ring.enter(wait=0 if self._queue and self._room else 1)  # re-check after announcing
             self._sleeping = False
-            self._reap()
+            user, res = self._ring.completion_arrays()
+            if not len(user):
+                continue
+            # Refill first, account after: a device that returns a submitted batch all at once is idle from
+            # its last completion until the next submission, so only the ring stores sit in between.
+            self._room += len(user)
+            if int(user.max()) >= _WAKE:  # the eventfd read held no room
+                self._room -= int(np.count_nonzero(user == np.uint64(_WAKE)))
+            if self._queue:
+                self._fill()
+                self._ring.enter(wait=0)
+            self._reap(user, res)
 
     def _arm_wake(self) -> None:
         self._ring.prepare(OP_READ, self._wake_fd, 0, ctypes.addressof(self._wake_buf), 8, _WAKE)
@@ -146,18 +159,10 @@ class UringBackend(IOBackend):
                 self._prepare_op(item)
                 self._room -= 1
                 continue
-            gather, row = item[0], item[1]
-            take = min(self._room, len(gather.offsets) - row)
-            if row == 0:  # first rows: name the gather, make its addresses and user data once
-                gid = next(self._ids) & 0x1FFFFFFF
-                self._gathers[gid] = gather
-                users = np.uint64(_ROW | gid << 32) | np.arange(len(gather.offsets), dtype=np.uint64)
-                item.extend((gid, gather.addresses, users))
-            end = row + take
-            self._ring.prepare_many(
-                OP_READ, gather.fd, gather.offsets[row:end], item[3][row:end], gather.lengths[row:end], item[4][row:end]
-            )
-            self._room -= take
+            gather, row, entries = item
+            end = min(row + self._room, len(gather.offsets))
+            self._ring.put(entries[row:end])
+            self._room -= end - row
             item[1] = end
             if end == len(gather.offsets):
                 self._queue.popleft()
@@ -179,10 +184,8 @@ class UringBackend(IOBackend):
         self._ops[slot] = (op, keep)
         self._ring.prepare(code, op.fd, op.offset, addr, length, slot)
 
-    def _reap(self) -> None:
-        user, res = self._ring.completion_arrays()
-        if not len(user):
-            return
+    def _reap(self, user: np.ndarray, res: np.ndarray) -> None:
+        """Finish what completed (the ring's room for it was given back already)."""
         high = user >> np.uint64(32)
         first = int(high[0])
         if first & _ROW_HIGH and not first & _WAKE_HIGH and (high == first).all():  # the common case
@@ -193,7 +196,6 @@ class UringBackend(IOBackend):
             if u == _WAKE:
                 self._arm_wake()
                 continue
-            self._room += 1
             op, _ = self._ops.pop(u)
             op.finish(r if r >= 0 else OSError(-r, os.strerror(-r)))
         if rows.any():
@@ -207,7 +209,6 @@ class UringBackend(IOBackend):
 
     def _rows_of(self, gid: int, user: np.ndarray, res: np.ndarray) -> None:
         """Completions of rows of one gather; results are scattered once, when its last row is in."""
-        self._room += len(user)
         gather = self._gathers[gid]
         parts = self._parts.setdefault(gid, [])
         parts.append((user, res))
