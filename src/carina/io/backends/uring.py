@@ -43,7 +43,7 @@ class UringBackend(IOBackend):
     name: ClassVar[str] = "uring"
     capabilities: ClassVar[frozenset[str]] = frozenset({"vectored", "async", "real_io", "batched_submit"})
 
-    def __init__(self, *, queue_depth: int = 64, workers: int = 4) -> None:
+    def __init__(self, *, queue_depth: int = 64, workers: int = 0) -> None:
         super().__init__(queue_depth=queue_depth, workers=workers)
         self._ring = Ring(1 << max(queue_depth, 2).bit_length())  # > queue_depth: one slot wakes us
         self._room = self._capacity = min(queue_depth, self._ring.sq_entries - 1)  # entries in flight at most
