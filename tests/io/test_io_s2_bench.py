@@ -94,7 +94,7 @@ def test_device_script_skips_steps_that_cannot_finish_in_the_budget(tmp_path: Pa
     proc = subprocess.run(["bash", str(BENCH / "lane_h200.sh")], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name, need in [("pairs", 30), ("gemm_bf16", 30), ("gemm_tf32", 35), ("cam", 25)]:
+    for name, need in [("pairs", 30), ("gemm_bf16", 30), ("gemm_tf32", 35), ("cam", 25), ("pairs_posix", 15)]:
         assert f"== {name}: SKIPPED" in proc.stdout and f"needs {need} s" in proc.stdout
     assert "kvikio: ABSENT (no wheels" in proc.stdout  # the one step that fits ran
     assert "== sort: SKIPPED" in proc.stdout and "fio: NOT INSTALLED" in proc.stdout
