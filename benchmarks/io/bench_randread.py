@@ -194,7 +194,7 @@ def main() -> None:
     cases = parse_cases(args.cases or ",".join(f"rand4K@{d}" for d in args.depths.split(",")))
     workdir = Path(tempfile.mkdtemp(prefix="carina-randread-", dir=args.dir))
     path = workdir / "data.bin"
-    results: dict[str, Any] = {"fio": bool(fio)}
+    results: dict[str, Any] = {"fio": bool(fio), "loadavg_1min_start": os.getloadavg()[0], "cpus": os.cpu_count()}
     try:
         with IOEngine(IOConfig(backend="uring" if args.backend == "kvikio" else args.backend)) as engine:
             fill_file(engine, engine.open(path, "w"), size)
@@ -211,6 +211,7 @@ def main() -> None:
             )  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    results["loadavg_1min_end"] = os.getloadavg()[0]  # other jobs on a shared machine: see the notes
     figures = [_figure(case, results[case.key], args.pairs, bool(fio)) for case in cases]
     config = {
         "size": size,
@@ -226,7 +227,8 @@ def main() -> None:
         config=config,
         metrics=results,
         notes="Medians of interleaved short runs; pair_ratio_median is the median of carina/fio per pair. "
-        "A final pass checked every byte carina read.",
+        "A final pass checked every byte carina read. metrics.loadavg_1min_* is the machine's load around the run "
+        "(a shared machine: other jobs' IO and CPU move both fio and carina).",
     )
     print(write_record(record, directory=args.out))
 
