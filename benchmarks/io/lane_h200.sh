@@ -16,11 +16,13 @@
 #      $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh) -> io_kvikio_h200, or a log line saying absent
 #   6. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
 #      and 1 MiB QD32 -> io_randread_posix_h200.json
-#   7. sort (rest, >= 25): external sort, no synchronous peer, the largest of 16/8/4/2/1 GB (budget a quarter)
+#   7. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
+#      reads submitted at once, fio in whole-queue convoys vs its staggered loop at QD32 -> io_batching_h200.json
+#   8. sort (rest, >= 25): external sort, no synchronous peer, the largest of 16/8/4/2/1 GB (budget a quarter)
 #      that the time left and the free disk allow (about 9 s per GB) -> io_sort_h200
 # fio: $CARRY/bin/fio (a static fio 3.33 built from Debian 12's source by fetch_h200_carry.sh), else fio on
 # PATH, else none: step 1 then has no ceiling, 2 and 6 use threaded O_DIRECT reads.
-# Files in $OUT/io/ (at most 9): one <record>.json per step that finished, io_lane.log (all output).
+# Files in $OUT/io/ (at most 10): one <record>.json per step that finished, io_lane.log (all output).
 # Usage (repository root): OUT=<dir> bash benchmarks/io/lane_h200.sh ; carry: .carry-io
 # CPU proof: DEVICE=cpu PYTHON=.venv/bin/python OUT=/tmp/io_out bash benchmarks/io/lane_h200.sh
 set -uo pipefail
@@ -55,6 +57,7 @@ if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
   CAM="--file-size 16M --rows 128 --batches 8 --work 2"
   KVREAD="--size 32M --cases seq1M@32 --pairs 1 --seconds 1"
   POSIX="--size 64M --cases rand4K@32,seq1M@32 --pairs 1 --seconds 1"
+  BATCH="--size 64M --pairs 1 --trials 2"
   SORT_GB=(0.03125) SORT_PER_GB=200  # 32 MB
 else
   PAIRS="--size 1G --cases rand4K@32,rand4K@128,seq1M@32 --pairs 4 --seconds 1"
@@ -62,6 +65,7 @@ else
   CAM="--file-size 512M --rows 1024 --batches 64 --work 200"
   KVREAD="--size 1G --cases seq1M@32 --pairs 2 --seconds 1"
   POSIX="--size 1G --cases rand4K@32,seq1M@32 --pairs 2 --seconds 1"
+  BATCH="--size 1G --pairs 4 --trials 8"
   SORT_GB=(16 8 4 2 1) SORT_PER_GB=9
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 fi
@@ -109,6 +113,12 @@ step kvikio 10 30 bash -c "$(declare -f kvikio_step); $(declare -p PYTHON CARRY 
 # shellcheck disable=SC2086
 step pairs_posix 15 20 "$PYTHON" benchmarks/io/bench_randread.py $POSIX --backend posix --dir "$SCRATCH" "${FIOARG[@]}" \
   --name "io_randread_posix_$TAG" --out "$REC"
+
+if [ -n "$FIO" ]; then
+  # shellcheck disable=SC2086
+  step batching 15 25 "$PYTHON" benchmarks/io/bench_batching.py $BATCH --dir "$SCRATCH" --fio "$FIO" \
+    --name "io_batching_$TAG" --out "$REC"
+else echo "== batching: SKIPPED (no fio)"; fi
 
 sort_step() {  # the largest size in SORT_GB that the time left and the free disk (input + runs + output) allow
   local l avail gb

@@ -98,4 +98,5 @@ def test_device_script_skips_steps_that_cannot_finish_in_the_budget(tmp_path: Pa
         assert f"== {name}: SKIPPED" in proc.stdout and f"needs {need} s" in proc.stdout
     assert "kvikio: ABSENT (no wheels" in proc.stdout  # the one step that fits ran
     assert "== sort: SKIPPED" in proc.stdout and "fio: NOT INSTALLED" in proc.stdout
+    assert "== batching: SKIPPED (no fio)" in proc.stdout
     assert (tmp_path / "io" / "io_lane.log").read_text() == proc.stdout
