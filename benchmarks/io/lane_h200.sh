@@ -103,10 +103,11 @@ kvikio_step() {  # the kvikio backend: conformance, then 1 MiB reads against fio
   "$PYTHON" -c "from carina.io.backends.kvikio import KvikioBackend as K; print('kvikio backend reasons:', K.probe_reasons())"
   "$PYTHON" -m pytest -q -p no:cacheprovider tests/io/test_io_kvikio.py 2>&1 | tail -5
   if ! "$PYTHON" -c "import sys; from carina.io.backends.kvikio import KvikioBackend as K; sys.exit(bool(K.probe_reasons()))"; then
-    echo "kvikio: backend unavailable here: no read bench"; return 0; fi
+    echo "kvikio: backend unavailable here: no read bench"; rm -rf "$T"; return 0; fi
   # shellcheck disable=SC2086
   "$PYTHON" benchmarks/io/bench_randread.py $KVREAD --backend kvikio --dir "$SCRATCH" "${FIOARG[@]}" \
     --name "io_kvikio_$TAG" --out "$REC"
+  rm -rf "$T"
 }
 step kvikio 10 30 bash -c "$(declare -f kvikio_step); $(declare -p PYTHON CARRY KVREAD SCRATCH REC TAG FIOARG); kvikio_step"
 
