@@ -1,18 +1,21 @@
-"""4 KiB random reads: carina's ``uring`` engine against fio, in interleaved pairs.
+"""Reads through carina's engine against fio, in interleaved pairs (4 KiB random, 1 MiB sequential).
 
 On a shared or virtual machine the disk's rate drifts from second to second,
 so one fio run followed by one carina run compares two different disks. This
 benchmark alternates short fio and carina runs on the same file (``O_DIRECT``,
-4 KiB random reads, the same queue depth, fio's ``io_uring`` engine) and
-reports the median carina rate, the median fio rate and the median of the
+the same block size, access order and queue depth, fio's ``io_uring`` engine)
+and reports the median carina rate, the median fio rate and the median of the
 per-pair ratios (the figure's "vs ceiling" is the ratio of medians; the
-per-pair median is in ``metrics``). Carina streams ``IOEngine.gather`` calls
-of ``--rows`` rows, two at a time, with the engine's ``queue_depth`` equal to
-fio's ``iodepth`` (at most that many requests in the kernel). A last pass
-checks every byte read against the file's pattern. Without fio the carina
-rates are recorded with no ceiling.
+per-pair median is in ``metrics``). A case is ``rand4K@32`` (random 4 KiB
+reads at queue depth 32) or ``seq1M@32``; ``--depths`` is shorthand for
+random 4 KiB cases. Carina streams ``IOEngine.gather`` calls of ``--rows``
+rows (at most 128 MiB each), two at a time, with the engine's ``queue_depth``
+equal to fio's ``iodepth`` (at most that many requests in the kernel). A last
+pass checks every byte read against the file's pattern. Without fio the
+carina rates are recorded with no ceiling.
 
-Usage: python benchmarks/io/bench_randread.py [--dir DIR] [--size 1G] [--depths 32,128] [--pairs 5] [--seconds 2]
+Usage: python benchmarks/io/bench_randread.py [--dir DIR] [--size 1G] [--cases rand4K@32,seq1M@32]
+       [--backend uring] [--pairs 5] [--seconds 2]
 """
 
 from __future__ import annotations
@@ -20,23 +23,58 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from carina.core.bench import Figure, make_record, write_record
+from carina.core.errors import ConfigError
 from carina.io import IOConfig, IOEngine
 from carina.io.workload import Access, fill_file, parse_size, run_case
 
-BLOCK = 4096
+
+@dataclass(frozen=True)
+class Case:
+    """One measured case: access order, block size, queue depth."""
+
+    access: Access
+    block: int
+    qd: int
+
+    @property
+    def key(self) -> str:
+        """Metrics key (``qd32`` for random 4 KiB reads, as in earlier records)."""
+        return f"qd{self.qd}" if (self.access, self.block) == (Access.RAND, 4096) else self.figure
+
+    @property
+    def figure(self) -> str:
+        """Figure name, the same as ``bench_engine.py``'s."""
+        return f"{self.access.value}_read_{self.block >> 10}KiB_qd{self.qd}"
 
 
-def fio_rate(fio: str, path: Path, size: int, qd: int, seconds: float) -> dict[str, float]:
-    """fio's 4 KiB random-read IOPS and CPU use (cores) on ``path``."""
+def parse_cases(text: str) -> list[Case]:
+    """``rand4K@32,seq1M@32`` -> cases.
+
+    Raises:
+        ConfigError: A case is not ``rand|seq<size>@<depth>``.
+    """
+    cases = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        match = re.fullmatch(r"(rand|seq)(\w+)@(\d+)", item)
+        if not match:
+            raise ConfigError(f"case {item!r} is not like rand4K@32 or seq1M@32", key="cases")
+        cases.append(Case(access=Access(match.group(1)), block=parse_size(match.group(2)), qd=int(match.group(3))))
+    return cases
+
+
+def fio_rate(fio: str, path: Path, size: int, case: Case, seconds: float) -> dict[str, float]:
+    """fio's IOPS, bandwidth and CPU use (cores) for ``case`` on ``path``."""
     cmd = [
         fio,
         "--name=ceiling",
@@ -44,72 +82,104 @@ def fio_rate(fio: str, path: Path, size: int, qd: int, seconds: float) -> dict[s
         f"--size={size}",
         "--direct=1",
         "--readonly",
-        "--rw=randread",
-        f"--bs={BLOCK}",
+        "--rw=randread" if case.access is Access.RAND else "--rw=read",
+        f"--bs={case.block}",
         "--ioengine=io_uring",
-        f"--iodepth={qd}",
+        f"--iodepth={case.qd}",
         "--time_based",
         f"--runtime={max(1, round(seconds))}",
         "--output-format=json",
     ]
     job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
-    return {"iops": float(job["read"]["iops"]), "cores": (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100}
+    read = job["read"]
+    cores = (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100
+    return {"iops": float(read["iops"]), "bytes_per_s": float(read["bw_bytes"]), "cores": cores}
 
 
-def carina_rate(engine: IOEngine, handle: Any, qd: int, seconds: float, rows: int, verify: bool) -> dict[str, float]:
-    """carina's IOPS and CPU use (cores, whole process) over one timed run."""
+def carina_rate(engine: IOEngine, handle: Any, case: Case, seconds: float, rows: int, verify: bool) -> dict[str, float]:
+    """carina's IOPS, bandwidth and CPU use (cores, whole process) over one timed run."""
     t0 = os.times()
     res = run_case(
         engine,
         handle,
         kind="read",
-        access=Access.RAND,
-        block=BLOCK,
-        queue_depth=qd,
+        access=case.access,
+        block=case.block,
+        queue_depth=case.qd,
         seconds=seconds,
         verify=verify,
         rows=rows,
     )
     t1 = os.times()
     cpu = (t1.user - t0.user) + (t1.system - t0.system)
-    return {"iops": res.iops, "cores": cpu / res.seconds, "verified_bytes": float(res.verified_bytes)}
+    return {
+        "iops": res.iops,
+        "bytes_per_s": res.bytes_per_s,
+        "cores": cpu / res.seconds,
+        "verified_bytes": float(res.verified_bytes),
+    }
 
 
-def measure(fio: str | None, path: Path, size: int, qd: int, pairs: int, seconds: float, rows: int) -> dict[str, Any]:
-    """Interleaved fio/carina pairs at one queue depth (the order flips every pair)."""
+def measure(
+    fio: str | None, path: Path, size: int, case: Case, pairs: int, seconds: float, rows: int, backend: str
+) -> dict[str, Any]:
+    """Interleaved fio/carina pairs for one case (the order flips every pair)."""
     trials: list[dict[str, Any]] = []
-    with IOEngine(IOConfig(backend="uring", queue_depth=qd)) as engine:
+    rows = max(1, min(rows, (128 << 20) // case.block))
+    with IOEngine(IOConfig(backend=backend, queue_depth=case.qd)) as engine:
         handle = engine.open(path, "r")
-        carina_rate(engine, handle, qd, min(seconds, 0.5), rows, verify=False)  # warm-up
+        carina_rate(engine, handle, case, min(seconds, 0.5), rows, verify=False)  # warm-up
         for i in range(pairs):
             pair: dict[str, Any] = {}
             for who in ("fio", "carina") if i % 2 == 0 else ("carina", "fio"):
                 if who == "fio" and fio:
-                    pair["fio"] = fio_rate(fio, path, size, qd, seconds)
+                    pair["fio"] = fio_rate(fio, path, size, case, seconds)
                 elif who == "carina":
-                    pair["carina"] = carina_rate(engine, handle, qd, seconds, rows, verify=False)
+                    pair["carina"] = carina_rate(engine, handle, case, seconds, rows, verify=False)
             trials.append(pair)
-            print(f"qd{qd} pair {i}: {json.dumps(pair)}", file=sys.stderr)
-        checked = carina_rate(engine, handle, qd, min(seconds, 1.0), rows, verify=True)
+            print(f"{case.key} pair {i}: {json.dumps(pair)}", file=sys.stderr)
+        checked = carina_rate(engine, handle, case, min(seconds, 1.0), rows, verify=True)
     assert checked["verified_bytes"] > 0
     out: dict[str, Any] = {
         "trials": trials,
         "carina_iops_median": statistics.median(t["carina"]["iops"] for t in trials),
+        "carina_bytes_per_s_median": statistics.median(t["carina"]["bytes_per_s"] for t in trials),
         "carina_cores_median": statistics.median(t["carina"]["cores"] for t in trials),
         "verified_bytes": checked["verified_bytes"],
+        "rows_per_gather": rows,
+        "backend": backend,
     }
     if fio:
         out["fio_iops_median"] = statistics.median(t["fio"]["iops"] for t in trials)
+        out["fio_bytes_per_s_median"] = statistics.median(t["fio"]["bytes_per_s"] for t in trials)
         out["fio_cores_median"] = statistics.median(t["fio"]["cores"] for t in trials)
         out["pair_ratio_median"] = statistics.median(t["carina"]["iops"] / t["fio"]["iops"] for t in trials)
     return out
+
+
+def _figure(case: Case, r: dict[str, Any], pairs: int, fio: bool) -> Figure:
+    rand = case.access is Access.RAND
+    what = f"{'randread' if rand else 'read'} {case.block >> 10} KiB iodepth={case.qd}"
+    return Figure(
+        name=case.figure,
+        value=r["carina_iops_median"] if rand else r["carina_bytes_per_s_median"] / 1e9,
+        unit="IOPS" if rand else "GB/s",
+        ceiling=(r["fio_iops_median"] if rand else r["fio_bytes_per_s_median"] / 1e9) if fio else None,
+        ceiling_source=(
+            f"fio io_uring O_DIRECT {what}, same file, median of {pairs} runs interleaved with carina's"
+            if fio
+            else "none: fio not installed"
+        ),
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk to test")
     parser.add_argument("--size", default="1G")
-    parser.add_argument("--depths", default="32,128")
+    parser.add_argument("--depths", default="32,128", help="random 4 KiB cases at these depths (unless --cases)")
+    parser.add_argument("--cases", default=None, help="e.g. rand4K@32,rand4K@128,seq1M@32")
+    parser.add_argument("--backend", default="uring", help="carina backend (uring, posix, kvikio)")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rows", type=int, default=2048, help="rows per gather (two gathers in flight)")
@@ -121,47 +191,44 @@ def main() -> None:
     if not fio:
         print("fio not found: carina rates only, no ceiling", file=sys.stderr)
     size = parse_size(args.size)
-    depths = [int(x) for x in args.depths.split(",")]
+    cases = parse_cases(args.cases or ",".join(f"rand4K@{d}" for d in args.depths.split(",")))
     workdir = Path(tempfile.mkdtemp(prefix="carina-randread-", dir=args.dir))
     path = workdir / "data.bin"
-    results: dict[str, Any] = {"fio": bool(fio)}
+    results: dict[str, Any] = {"fio": bool(fio), "loadavg_1min_start": os.getloadavg()[0], "cpus": os.cpu_count()}
     try:
-        with IOEngine(IOConfig(backend="uring", queue_depth=32)) as engine:
+        with IOEngine(IOConfig(backend="uring" if args.backend == "kvikio" else args.backend)) as engine:
             fill_file(engine, engine.open(path, "w"), size)
-        for qd in depths:
-            r = results[f"qd{qd}"] = measure(fio, path, size, qd, args.pairs, args.seconds, args.rows)
+        for case in cases:
+            r = results[case.key] = measure(fio, path, size, case, args.pairs, args.seconds, args.rows, args.backend)
+            rate = f"{r['carina_iops_median']:.0f} IOPS, {r['carina_bytes_per_s_median'] / 1e9:.3f} GB/s"
+            ref = f"{r['fio_iops_median']:.0f} IOPS, {r['fio_bytes_per_s_median'] / 1e9:.3f} GB/s" if fio else ""
             print(  # the key figures reach the log even if the record is lost
-                f"qd{qd}: carina {r['carina_iops_median']:.0f} IOPS ({r['carina_cores_median']:.2f} cores), "
-                + (f"fio {r['fio_iops_median']:.0f} ({r['fio_cores_median']:.2f} cores), "
-                   f"ratio {r['carina_iops_median'] / r['fio_iops_median']:.0%}, per-pair median "
+                f"{case.figure} ({args.backend}): carina {rate} ({r['carina_cores_median']:.2f} cores), "
+                + (f"fio {ref} ({r['fio_cores_median']:.2f} cores), ratio "
+                   f"{r['carina_iops_median'] / r['fio_iops_median']:.0%}, per-pair median "
                    f"{r['pair_ratio_median']:.0%}" if fio else "no fio")
                 + f"; {r['verified_bytes']:.0f} bytes checked"
             )  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    figures = [
-        Figure(
-            name=f"rand_read_4KiB_qd{qd}",
-            value=results[f"qd{qd}"]["carina_iops_median"],
-            unit="IOPS",
-            ceiling=results[f"qd{qd}"].get("fio_iops_median"),
-            ceiling_source=(
-                f"fio io_uring O_DIRECT 4 KiB randread iodepth={qd}, same file, median of {args.pairs} runs "
-                "interleaved with carina's"
-                if fio
-                else "none: fio not installed"
-            ),
-        )
-        for qd in depths
-    ]
-    config = {"size": size, "depths": depths, "pairs": args.pairs, "seconds": args.seconds, "rows": args.rows}
+    results["loadavg_1min_end"] = os.getloadavg()[0]  # other jobs on a shared machine: see the notes
+    figures = [_figure(case, results[case.key], args.pairs, bool(fio)) for case in cases]
+    config = {
+        "size": size,
+        "cases": [c.figure for c in cases],
+        "backend": args.backend,
+        "pairs": args.pairs,
+        "seconds": args.seconds,
+        "rows": args.rows,
+    }
     record = make_record(
         name=args.name,
         figures=figures,
         config=config,
         metrics=results,
         notes="Medians of interleaved short runs; pair_ratio_median is the median of carina/fio per pair. "
-        "A final pass checked every byte carina read.",
+        "A final pass checked every byte carina read. metrics.loadavg_1min_* is the machine's load around the run "
+        "(a shared machine: other jobs' IO and CPU move both fio and carina).",
     )
     print(write_record(record, directory=args.out))
 

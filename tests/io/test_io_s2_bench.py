@@ -90,11 +90,13 @@ def test_transcribed_records_hold_the_printed_pairs_and_their_medians(tmp_path: 
 def test_device_script_skips_steps_that_cannot_finish_in_the_budget(tmp_path: Path) -> None:
     root = BENCH.parents[1]
     env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "12", "OUT": str(tmp_path), "PYTHON": sys.executable,
-           "WHL_IO": str(tmp_path / "no-wheels"), "FIO": ""}  # fmt: skip
-    proc = subprocess.run(["bash", str(BENCH / "h100_s2.sh")], cwd=root, env=env, capture_output=True, text=True,
+           "CARRY": str(tmp_path / "no-carry"), "FIO": ""}  # fmt: skip
+    proc = subprocess.run(["bash", str(BENCH / "lane_h200.sh")], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name, need in [("gemm_bf16", 30), ("gemm_tf32", 35), ("cam", 25), ("randread", 35), ("sort", 40)]:
+    for name, need in [("pairs", 30), ("gemm_bf16", 30), ("gemm_tf32", 35), ("cam", 25), ("pairs_posix", 15)]:
         assert f"== {name}: SKIPPED" in proc.stdout and f"needs {need} s" in proc.stdout
-    assert "kvikio: no wheels" in proc.stdout  # the one step that fits ran
-    assert (tmp_path / "io" / "io_s2.log").read_text() == proc.stdout
+    assert "kvikio: ABSENT (no wheels" in proc.stdout  # the one step that fits ran
+    assert "== sort: SKIPPED" in proc.stdout and "fio: NOT INSTALLED" in proc.stdout
+    assert "== batching: SKIPPED (no fio)" in proc.stdout
+    assert (tmp_path / "io" / "io_lane.log").read_text() == proc.stdout

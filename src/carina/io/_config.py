@@ -14,7 +14,9 @@ __all__ = ["BACKEND_NAMES", "Direct", "IOConfig"]
 BACKEND_NAMES = ("auto", "uring", "posix", "kvikio", "null")
 
 QUEUE_DEPTH = flags.define("CARINA_IO_QUEUE_DEPTH", int, 64, "default queue depth of carina.io engines")
-WORKERS = flags.define("CARINA_IO_WORKERS", int, 4, "default worker threads of the posix IO backend")
+WORKERS = flags.define(
+    "CARINA_IO_WORKERS", int, 0, "threads of the posix/kvikio IO backends (0: one per queue slot, at most 128)"
+)
 
 
 class Direct(enum.Enum):
@@ -39,7 +41,8 @@ class IOConfig(Config):
     Attributes:
         backend: ``auto``, ``uring``, ``posix``, ``kvikio`` or ``null``.
         queue_depth: Most operations in flight; submitting more blocks (backpressure).
-        workers: Threads of the ``posix`` backend.
+        workers: Threads of the ``posix`` and ``kvikio`` backends, each with one request in flight;
+            0 (the default) runs one per queue slot, at most 128, so ``queue_depth`` requests are in flight.
         direct: O_DIRECT policy, see :class:`Direct`.
         alignment: Byte alignment O_DIRECT requests need (offset, length, address).
         coalesce_gap: ``read_batch`` merges requests separated by at most this many
@@ -64,7 +67,7 @@ class IOConfig(Config):
             self.backend in BACKEND_NAMES, f"unknown backend {self.backend!r} (one of {BACKEND_NAMES})", key="backend"
         )
         require(1 <= self.queue_depth <= 4096, "queue_depth must be in 1..4096", key="queue_depth")
-        require(1 <= self.workers <= 256, "workers must be in 1..256", key="workers")
+        require(0 <= self.workers <= 256, "workers must be in 0..256 (0: one per queue slot)", key="workers")
         require(
             self.alignment >= 512 and self.alignment & (self.alignment - 1) == 0,
             "alignment must be a power of two >= 512",

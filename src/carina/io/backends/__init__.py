@@ -52,7 +52,7 @@ def choose_backend(name: str = "auto") -> Selection[Candidate]:
 
 
 def build_backend(
-    name: str = "auto", *, queue_depth: int = 64, workers: int = 4
+    name: str = "auto", *, queue_depth: int = 64, workers: int = 0
 ) -> tuple[IOBackend, Selection[Candidate]]:
     """Start the backend ``name`` resolves to; return it and the selection record."""
     selection = choose_backend(name)

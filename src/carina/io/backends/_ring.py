@@ -122,7 +122,7 @@ class Ring:
         self._cqe_array = np.frombuffer(self._cq_ring, dtype=CQE_DTYPE, count=params.cq_entries, offset=self._cqes)
         self._index_array[:] = np.arange(params.sq_entries, dtype="<u4")  # slot i holds entry i, set once
         self._cq_user, self._cq_res = self._cqe_array["user_data"], self._cqe_array["res"]
-        self._fields = {name: self._sqe_array[name] for name in ("opcode", "fd", "off", "addr", "len", "user_data")}
+        self._raw = np.frombuffer(self._sqes, dtype=np.uint64).reshape(-1, 8)  # the entries as 8 words each
 
     def prepare(
         self, opcode: int, fd: int, offset: int, addr: int, length: int, user_data: int, buf_index: int = 0
@@ -135,28 +135,27 @@ class Ring:
         self._tail = (self._tail + 1) & 0xFFFFFFFF
         self._unsubmitted += 1
 
-    def prepare_many(
-        self, opcode: int, fd: int, offsets: np.ndarray, addrs: np.ndarray, lengths: np.ndarray, user_data: np.ndarray
-    ) -> None:
-        """Write ``len(offsets)`` submission entries with slice stores (no Python per entry).
+    @staticmethod
+    def entries(
+        opcode: int, fd: int, offsets: np.ndarray, addrs: np.ndarray, lengths: np.ndarray, user_data: np.ndarray
+    ) -> np.ndarray:
+        """Build ``len(offsets)`` submission entries off the ring, as a ``(k, 8)`` uint64 array for :meth:`put`.
 
-        Fields not written here (flags, ``buf_index``, ...) stay zero: every
-        writer of a slot leaves them zero.
+        Fields not given (flags, ``buf_index``, ...) are zero.
         """
-        k = len(offsets)
+        out = np.zeros(len(offsets), dtype=SQE_DTYPE)
+        out["opcode"], out["fd"], out["off"], out["addr"] = opcode, fd, offsets, addrs
+        out["len"], out["user_data"] = lengths, user_data
+        return out.view(np.uint64).reshape(len(offsets), 8)
+
+    def put(self, entries: np.ndarray) -> None:
+        """Copy entries made by :meth:`entries` into the ring (sent by the next :meth:`enter`): one store per run."""
+        k = len(entries)
         first = self._tail & self._mask
         split = min(k, self._mask + 1 - first)  # entries before the ring wraps
-        f = self._fields
-        for lo, hi, src in ((first, first + split, 0), (0, k - split, split)):
-            if hi <= lo:
-                continue
-            n = hi - lo
-            f["opcode"][lo:hi] = opcode
-            f["fd"][lo:hi] = fd
-            f["off"][lo:hi] = offsets[src : src + n]
-            f["addr"][lo:hi] = addrs[src : src + n]
-            f["len"][lo:hi] = lengths[src : src + n]
-            f["user_data"][lo:hi] = user_data[src : src + n]
+        self._raw[first : first + split] = entries[:split]
+        if split < k:
+            self._raw[: k - split] = entries[split:]
         self._tail = (self._tail + k) & 0xFFFFFFFF
         self._unsubmitted += k
 
@@ -221,7 +220,7 @@ class Ring:
 
     def close(self) -> None:
         """Unmap the regions and close the ring."""
-        del self._sqe_array, self._index_array, self._cqe_array, self._fields, self._cq_user, self._cq_res
+        del self._sqe_array, self._index_array, self._cqe_array, self._raw, self._cq_user, self._cq_res
         for region in {id(r): r for r in (self._sqes, self._sq_ring, self._cq_ring)}.values():
             region.close()
         os.close(self.fd)

@@ -31,9 +31,9 @@ class IOBackend(Backend):
     name: ClassVar[str] = "?"
     capabilities: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, *, queue_depth: int = 64, workers: int = 4) -> None:
+    def __init__(self, *, queue_depth: int = 64, workers: int = 0) -> None:
         self.queue_depth = queue_depth
-        self.workers = workers
+        self.workers = workers or min(queue_depth, 128)  # 0: one per queue slot
         self.closed = False
 
     @classmethod

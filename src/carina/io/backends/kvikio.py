@@ -35,7 +35,7 @@ class KvikioBackend(IOBackend):
     name: ClassVar[str] = "kvikio"
     capabilities: ClassVar[frozenset[str]] = frozenset({"vectored", "async", "real_io", "gpu_direct"})
 
-    def __init__(self, *, queue_depth: int = 64, workers: int = 4) -> None:
+    def __init__(self, *, queue_depth: int = 64, workers: int = 0) -> None:
         super().__init__(queue_depth=queue_depth, workers=workers)
         import kvikio
 
@@ -44,7 +44,7 @@ class KvikioBackend(IOBackend):
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Op | None] = queue.SimpleQueue()
         self._threads = [
-            threading.Thread(target=self._work, name=f"carina-io-kvikio-{i}", daemon=True) for i in range(workers)
+            threading.Thread(target=self._work, name=f"carina-io-kvikio-{i}", daemon=True) for i in range(self.workers)
         ]
         for t in self._threads:
             t.start()

@@ -2,7 +2,10 @@
 
 Portable and always available on Linux. Each worker takes one op at a time and
 releases the GIL inside the system call, so ``workers`` requests are in flight
-at once. Per-request Python work caps small-request IOPS; ``uring`` batches.
+at once: by default one thread per queue slot (at most 128), so the engine's
+``queue_depth`` is the depth the disk sees (with the former 4 threads, a
+queue depth of 32 reached the disk as 4). Per-request Python work caps
+small-request IOPS; ``uring`` batches.
 """
 
 from __future__ import annotations
@@ -29,11 +32,11 @@ class PosixBackend(IOBackend):
     name: ClassVar[str] = "posix"
     capabilities: ClassVar[frozenset[str]] = frozenset({"vectored", "async", "real_io"})
 
-    def __init__(self, *, queue_depth: int = 64, workers: int = 4) -> None:
+    def __init__(self, *, queue_depth: int = 64, workers: int = 0) -> None:
         super().__init__(queue_depth=queue_depth, workers=workers)
         self._queue: queue.SimpleQueue[Op | tuple[GatherOp, int, int] | None] = queue.SimpleQueue()
         self._threads = [
-            threading.Thread(target=self._work, name=f"carina-io-posix-{i}", daemon=True) for i in range(workers)
+            threading.Thread(target=self._work, name=f"carina-io-posix-{i}", daemon=True) for i in range(self.workers)
         ]
         for t in self._threads:
             t.start()

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# carina.io on the H200 machine. HARD TIME BUDGET: BUDGET_S (default 240 s) of run time in all; give the lane
+# a limit of at least BUDGET_S + 10 s (benchmarks/h100_combined.sh io=benchmarks/io/lane_h200.sh:250).
+# Each step runs under `timeout` with min(its maximum, what is left) and is SKIPPED when less than its
+# minimum is left, so a step never starts that cannot finish. Each step writes its own record straight into
+# $OUT/io/ the moment it ends and prints its key figures to the log.
+# Steps, in order (maximum / minimum seconds):
+#   1. pairs (45/30): fio vs carina (uring), interleaved 1 s pairs on one 1 GB file: 4 KiB random reads at
+#      QD32 and QD128, 1 MiB sequential reads at QD32 -> io_randread_h200.json
+#   2. gemm_bf16 (45/30): out-of-core GEMM n=12288 tile 4096 bf16 (A+B 0.6 GB against a 352 MB device
+#      budget), synchronous peer in the record, ceiling = fio direct=1 on the same two files -> io_gemm_bf16_h200
+#   3. gemm_tf32 (50/35): the same in fp32 operands with TF32 matmuls (1.2 GB against 512 MB) -> io_gemm_tf32_h200
+#   4. cam (35/25): GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32
+#      release) against host-initiated gathers, 64 batches of 1024 rows of 4 KiB -> io_cam_h200
+#   5. kvikio (30/10): the kvikio backend's conformance tests and 1 MiB reads vs fio, from the wheels in
+#      $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh) -> io_kvikio_h200, or a log line saying absent
+#   6. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
+#      and 1 MiB QD32 -> io_randread_posix_h200.json
+#   7. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
+#      reads submitted at once, fio in whole-queue convoys vs its staggered loop at QD32 -> io_batching_h200.json
+#   8. sort (rest, >= 25): external sort, no synchronous peer, the largest of 16/8/4/2/1 GB (budget a quarter)
+#      that the time left and the free disk allow (about 9 s per GB) -> io_sort_h200
+# fio: $CARRY/bin/fio (a static fio 3.33 built from Debian 12's source by fetch_h200_carry.sh), else fio on
+# PATH, else none: step 1 then has no ceiling, 2 and 6 use threaded O_DIRECT reads.
+# Files in $OUT/io/ (at most 10): one <record>.json per step that finished, io_lane.log (all output).
+# Usage (repository root): OUT=<dir> bash benchmarks/io/lane_h200.sh ; carry: .carry-io
+# CPU proof: DEVICE=cpu PYTHON=.venv/bin/python OUT=/tmp/io_out bash benchmarks/io/lane_h200.sh
+set -uo pipefail
+: "${OUT:?set OUT}"
+BUDGET_S=${BUDGET_S:-240}
+DEVICE=${DEVICE:-cuda}
+SCRATCH=${SCRATCH:-.}
+PYTHON=${PYTHON:-python3}
+CARRY=${CARRY:-.carry-io}
+TAG=${GPU_TAG:-h200}
+[ "$DEVICE" = cpu ] && TAG=cpuproof  # record names say what made them
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+REC="$OUT/io"
+mkdir -p "$REC"
+LOG="$REC/io_lane.log"
+exec > >(tee "$LOG") 2>&1
+start=$(date +%s)
+left() { echo $((BUDGET_S - ($(date +%s) - start))); }
+step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipped when < MIN_S are left
+  local name=$1 min=$2 max=$3; shift 3
+  local l; l=$(left)
+  if [ "$l" -lt "$min" ]; then echo "== $name: SKIPPED ($l s left, needs $min s)"; return; fi
+  [ "$max" -gt "$l" ] && max=$l
+  echo "== $name (timeout $max s, t=$(($(date +%s) - start)) s)"
+  timeout -k 5 "$max" "$@"; local rc=$?
+  echo "== $name rc=$rc after $(($(date +%s) - start)) s; records in $REC: $(cd "$REC" && ls ./*.json 2>/dev/null | wc -l)"
+}
+
+if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
+  PAIRS="--size 64M --cases rand4K@32,rand4K@128,seq1M@32 --pairs 1 --seconds 1"
+  GEMM="--n 512 --tile 128 --ceiling-seconds 1"
+  CAM="--file-size 16M --rows 128 --batches 8 --work 2"
+  KVREAD="--size 32M --cases seq1M@32 --pairs 1 --seconds 1"
+  POSIX="--size 64M --cases rand4K@32,seq1M@32 --pairs 1 --seconds 1"
+  BATCH="--size 64M --pairs 1 --trials 2"
+  SORT_GB=(0.03125) SORT_PER_GB=200  # 32 MB
+else
+  PAIRS="--size 1G --cases rand4K@32,rand4K@128,seq1M@32 --pairs 4 --seconds 1"
+  GEMM="--n 12288 --tile 4096 --ceiling-seconds 2"
+  CAM="--file-size 512M --rows 1024 --batches 64 --work 200"
+  KVREAD="--size 1G --cases seq1M@32 --pairs 2 --seconds 1"
+  POSIX="--size 1G --cases rand4K@32,seq1M@32 --pairs 2 --seconds 1"
+  BATCH="--size 1G --pairs 4 --trials 8"
+  SORT_GB=(16 8 4 2 1) SORT_PER_GB=9
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+fi
+if [ "${FIO-unset}" = unset ]; then  # FIO="" means: no fio
+  FIO=""
+  [ -x "$CARRY/bin/fio" ] && FIO=$CARRY/bin/fio
+  [ -z "$FIO" ] && FIO=$(command -v fio || true)
+fi
+if [ -n "$FIO" ] && "$FIO" --version >/dev/null 2>&1; then
+  echo "fio: $FIO ($("$FIO" --version))"; FIOARG=(--fio "$FIO")
+else
+  echo "fio: NOT INSTALLED (no $CARRY/bin/fio, none on PATH): pairs have no ceiling; gemm and sort use threaded O_DIRECT"
+  FIOARG=(--fio none)
+fi
+df -h "$SCRATCH" | tail -1
+
+# shellcheck disable=SC2086
+step pairs 30 45 "$PYTHON" benchmarks/io/bench_randread.py $PAIRS --dir "$SCRATCH" "${FIOARG[@]}" \
+  --name "io_randread_$TAG" --out "$REC"
+# shellcheck disable=SC2086
+step gemm_bf16 30 45 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $GEMM --dtypes bf16 --dir "$SCRATCH" \
+  "${FIOARG[@]}" --name "io_gemm_bf16_$TAG" --out "$REC"
+# shellcheck disable=SC2086
+step gemm_tf32 35 50 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $GEMM --dtypes fp32 --dir "$SCRATCH" \
+  "${FIOARG[@]}" --name "io_gemm_tf32_$TAG" --out "$REC"
+# shellcheck disable=SC2086
+step cam 25 35 env CUDA_MODULE_LOADING=EAGER "$PYTHON" benchmarks/io/bench_cam.py --device "$DEVICE" $CAM \
+  --dir "$SCRATCH" --name "io_cam_$TAG" --out "$REC"
+
+kvikio_step() {  # the kvikio backend: conformance, then 1 MiB reads against fio, from wheels in $CARRY/whl
+  if ! ls "$CARRY"/whl/kvikio_*.whl >/dev/null 2>&1; then echo "kvikio: ABSENT (no wheels in $CARRY/whl): skipped"; return 0; fi
+  local T; T=$(mktemp -d /tmp/carina-kvikio-XXXX)
+  for w in "$CARRY"/whl/*.whl; do "$PYTHON" -m zipfile -e "$w" "$T" || return 1; done  # a wheel is a zip: no pip
+  export PYTHONPATH="$PYTHONPATH:$T" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$T/libkvikio/lib64:$T/rapids_logger/lib64"
+  "$PYTHON" -c "from carina.io.backends.kvikio import KvikioBackend as K; print('kvikio backend reasons:', K.probe_reasons())"
+  "$PYTHON" -m pytest -q -p no:cacheprovider tests/io/test_io_kvikio.py 2>&1 | tail -5
+  if ! "$PYTHON" -c "import sys; from carina.io.backends.kvikio import KvikioBackend as K; sys.exit(bool(K.probe_reasons()))"; then
+    echo "kvikio: backend unavailable here: no read bench"; rm -rf "$T"; return 0; fi
+  # shellcheck disable=SC2086
+  "$PYTHON" benchmarks/io/bench_randread.py $KVREAD --backend kvikio --dir "$SCRATCH" "${FIOARG[@]}" \
+    --name "io_kvikio_$TAG" --out "$REC"
+  rm -rf "$T"
+}
+step kvikio 10 30 bash -c "$(declare -f kvikio_step); $(declare -p PYTHON CARRY KVREAD SCRATCH REC TAG FIOARG); kvikio_step"
+
+# shellcheck disable=SC2086
+step pairs_posix 15 20 "$PYTHON" benchmarks/io/bench_randread.py $POSIX --backend posix --dir "$SCRATCH" "${FIOARG[@]}" \
+  --name "io_randread_posix_$TAG" --out "$REC"
+
+if [ -n "$FIO" ]; then
+  # shellcheck disable=SC2086
+  step batching 15 25 "$PYTHON" benchmarks/io/bench_batching.py $BATCH --dir "$SCRATCH" --fio "$FIO" \
+    --name "io_batching_$TAG" --out "$REC"
+else echo "== batching: SKIPPED (no fio)"; fi
+
+sort_step() {  # the largest size in SORT_GB that the time left and the free disk (input + runs + output) allow
+  local l avail gb
+  l=$(left); avail=$(df --output=avail -B1G "$SCRATCH" | tail -1 | tr -d ' ')
+  for gb in "${SORT_GB[@]}"; do
+    if awk -v g="$gb" -v l="$l" -v a="$avail" -v p="$SORT_PER_GB" 'BEGIN{exit !(g*p+15 <= l && 3.5*g <= a)}'; then
+      local size budget
+      size=$(awk -v g="$gb" 'BEGIN{printf "%dM", g*1024}'); budget=$(awk -v g="$gb" 'BEGIN{printf "%dM", g*256}')
+      echo "sort: $size under a $budget budget ($l s left, $avail GB free)"
+      step sort 25 "$l" "$PYTHON" benchmarks/io/bench_sort.py --device "$DEVICE" --size "$size" --budget "$budget" \
+        --no-peer --dir "$SCRATCH" "${FIOARG[@]}" --ceiling-seconds 2 --name "io_sort_$TAG" --out "$REC"
+      return
+    fi
+  done
+  echo "== sort: SKIPPED ($l s left, $avail GB free: not even ${SORT_GB[-1]} GB fits)"
+}
+sort_step
+
+"$PYTHON" - "$REC" <<'EOF'
+import json, pathlib, sys
+recs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))]
+print(f"\n{len(recs)} records in {sys.argv[1]}")
+print(f"{'record':<22} {'figure':<26} {'value':>12} {'unit':<10} {'ceiling':>12} {'ratio':>6}  peers (carina/peer)")
+for r in recs:
+    for f in r["figures"]:
+        ratio = f["ratio_to_ceiling"]
+        peers = ", ".join(f"{k} {v['ratio']:.2f}x" for k, v in f["peers"].items() if v["ratio"])
+        ceil = f"{f['ceiling']:.4g}" if f["ceiling"] else "-"
+        print(f"{r['name']:<22} {f['name']:<26} {f['value']:>12.4g} {f['unit']:<10} {ceil:>12} "
+              f"{(f'{ratio:.0%}' if ratio else '-'):>6}  {peers}")
+EOF
+echo "io lane done after $(($(date +%s) - start)) s (budget $BUDGET_S s)"
