@@ -170,8 +170,12 @@ def rows(args: Any, run: dict[str, Any]) -> list[dict[str, Any]]:
                         "saves": saves, "blocking_s_per_save": round(blocking, 4),
                         "drain_s": round(max(g["drain_s"] for g in group), 3), "goal_applies": applies,
                         "goal_met": (pct <= GOAL_PCT) if applies else None,
-                        "host_extra_GB": None if res.get("host_extra_GB") is None else round(res["host_extra_GB"], 3)})  # fmt: skip
+                        "host_extra_GB": _round(res.get("host_extra_GB"), 3)})  # fmt: skip
     return out
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 def _flat_windows(res: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
