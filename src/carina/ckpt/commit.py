@@ -47,6 +47,7 @@ __all__ = [
     "prune",
     "run_job",
     "step_dir_name",
+    "tmp_dir_name",
 ]
 
 LATEST = "latest"
@@ -86,12 +87,17 @@ class CommitJob:
     @property
     def tmp_dir(self) -> str:
         """The directory this attempt writes into."""
-        return os.path.join(self.root, f"{step_dir_name(self.step)}.{self.token}.tmp")
+        return os.path.join(self.root, tmp_dir_name(self.step, self.token))
 
 
 def step_dir_name(step: int) -> str:
     """``step_0000000042``: sortable, one directory per checkpoint."""
     return f"step_{step:010d}"
+
+
+def tmp_dir_name(step: int, token: str) -> str:
+    """Where save attempt ``token`` of ``step`` is written before its commit renames it."""
+    return f"{step_dir_name(step)}.{token}.tmp"
 
 
 def _phase(name: str) -> None:
@@ -230,6 +236,7 @@ def _commit(job: CommitJob) -> None:
         world_size=job.world_size,
         shards=tuple(p[0] for p in parts),
         objects={str(r): p[1] for r, p in enumerate(parts)},
+        attempt=job.token,
     )
     write_file(os.path.join(job.tmp_dir, MANIFEST_NAME), memoryview(manifest.to_json().encode()))
     fsync_dir(job.tmp_dir)
