@@ -33,3 +33,8 @@ def assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> No
     for k, x in a.items():
         assert x.dtype == b[k].dtype, k
         assert torch.equal(x.view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)), k
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """s3fs options for the loopback moto server (its fixed test credentials)."""
+    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing", "skip_instance_cache": True}

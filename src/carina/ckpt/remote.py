@@ -178,6 +178,7 @@ class RemoteStore:
         remote_dir = self._path(step_dir_name(step))
         named = tuple(replace(s, file=_object_name(s.file, token)) for s in manifest.shards)
         try:
+            self._before_data(step)
             for shard, obj in zip(manifest.shards, named, strict=True):
                 if rank is None or shard.rank == rank:
                     self.fs.put_file(os.path.join(local, shard.file), f"{remote_dir}/{obj.file}")
@@ -193,6 +194,9 @@ class RemoteStore:
             raise CheckpointError(f"upload of step {step} failed: {exc}", path=self._url(remote_dir)) from exc
         self.prune(keep_last)
         return True
+
+    def _before_data(self, step: int) -> None:
+        """Test seam: called before this process's shard objects are uploaded."""
 
     def _after_data(self, step: int) -> None:
         """Test seam: called after this process's shard objects are uploaded, before the manifest."""
