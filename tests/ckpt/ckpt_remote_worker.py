@@ -36,6 +36,7 @@ def _roundtrip(rank: int, tmp: Path, url: str, endpoint: str) -> dict[str, Any]:
     from torch.distributed.tensor import Replicate, Shard
 
     from carina.ckpt import Checkpointer
+    from carina.core.errors import CheckpointError
 
     model, opt = _model(2, seed=0)
     extras = {"grid": _grid((2,), [Shard(0)]), "rank": rank}
@@ -49,9 +50,16 @@ def _roundtrip(rank: int, tmp: Path, url: str, endpoint: str) -> dict[str, Any]:
         torch.save(saved, tmp / "saved2.pt")
     model, opt = _model(2, seed=5)
     state: dict[str, Any] = {"model": model, "optim": opt, "extras": {"grid": _grid((2,), [Replicate()])}}
-    step = Checkpointer(_config(tmp, url, endpoint, f"empty{rank}")).restore(state)
+    ckpt = Checkpointer(_config(tmp, url, endpoint, f"empty{rank}"))
+    step = ckpt.restore(state)
     equal = _bitwise(_full(model, opt, state["extras"]), saved)
-    return {"step": step, "equal": equal, "rank": state["extras"]["rank"], "local": os.listdir(tmp / f"empty{rank}")}
+    verdict = {"step": step, "equal": equal, "rank": state["extras"]["rank"], "local": os.listdir(tmp / f"empty{rank}")}
+    try:  # ranks naming different steps: refused on every rank before anything is loaded
+        ckpt.restore(state, step=1 + rank)
+    except CheckpointError as exc:
+        verdict["disagree"] = str(exc)
+    verdict["unchanged"] = _bitwise(_full(model, opt, state["extras"]), saved)
+    return verdict
 
 
 def _faults(rank: int, tmp: Path, url: str, endpoint: str) -> dict[str, Any]:

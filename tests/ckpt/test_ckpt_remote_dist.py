@@ -64,6 +64,8 @@ def test_two_ranks_to_s3_restore_at_2_and_1(
     verdicts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [(v["step"], v["equal"], v["rank"]) for v in verdicts] == [(2, True, 0), (2, True, 1)]
     assert [v["local"] for v in verdicts] == [[], []]  # read from the bucket, nothing written locally
+    assert all("ranks selected different checkpoints" in v["disagree"] and "[1, 2]" in v["disagree"] for v in verdicts)
+    assert [v["unchanged"] for v in verdicts] == [True, True]
     store = RemoteStore(bucket_url, s3_options(s3_endpoint))
     assert store.committed_steps() == [1, 2]
     m = store.read_manifest(2)

@@ -205,8 +205,10 @@ class Checkpointer:
         try:
             self._writer.close()
             if self._remote is not None:
-                self._push(final=True)
-                self._uploader.close()
+                try:
+                    self._push(final=True)
+                finally:
+                    self._uploader.close()
         finally:
             self._stager.close()
 
@@ -256,15 +258,16 @@ class Checkpointer:
             manifest, saved = self._load(state, step)
         except CheckpointError as exc:
             error = exc
+        except OSError as exc:  # the store failed: every rank must still reach the gather below
+            error = CheckpointError(f"cannot read checkpoints: {exc}", path=self.config.remote or self.config.dir)
         if self.world_size > 1:
             import torch.distributed as dist
 
             chosen: list[Any] = [None] * self.world_size
             dist.all_gather_object(chosen, None if error is not None else manifest.step)
-            if error is None and len(set(chosen)) > 1:
+            if error is None and (None in chosen or len(set(chosen)) > 1):
                 error = CheckpointError(
-                    f"ranks selected different checkpoints (steps by rank: {chosen}); nothing was loaded; "
-                    "restore a named step",
+                    f"ranks selected different checkpoints (steps by rank, None: none): {chosen}; nothing was loaded",
                     path=self.config.dir,
                 )
         if error is not None:
