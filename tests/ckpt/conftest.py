@@ -13,9 +13,13 @@ def writer(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1, a random port: real HTTP, real S3 protocol."""
+    """moto's S3 server on 127.0.0.1, a random port: real HTTP, real S3 protocol.
+
+    One per test session, so the CLI's s3fs (whose instances s3fs caches per
+    process, keyed without the endpoint read from the environment) always meets the same one.
+    """
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
