@@ -263,3 +263,36 @@ def test_failed_upload_surfaces(tmp_path: Path, s3_endpoint: str) -> None:
             ckpt.wait()
         ckpt.wait()  # raised once; the local checkpoint is committed regardless
     assert committed_steps(str(tmp_path)) == [1]
+
+
+def _two_rank_checkpoint(root: Path, step: int, token: str) -> list[bytes]:
+    """A local 2-rank checkpoint committed by the writers' own code (rank 1's part, then rank 0's commit)."""
+    from carina.ckpt.commit import CommitJob, run_job
+    from carina.ckpt.layout import plan_layout
+
+    layout = plan_layout([("w", "F32", (4,))])
+    data = []
+    for rank in (1, 0):
+        data.append(bytes(range(16 * rank, 16 * rank + 16)))
+        job = CommitJob(root=str(root), step=step, token=token, rank=rank, world_size=2, header=layout.header,
+                        slots=layout.slots, objects={"rank": rank}, keep_last=0, commit_timeout_s=5)  # fmt: skip
+        run_job(job, memoryview(layout.header + data[-1]))
+    return data[::-1]
+
+
+def test_rank_zero_writes_the_manifest_only_after_every_shard(tmp_path: Path) -> None:
+    from carina.ckpt.storage import attempt_state, select_shards
+
+    data = _two_rank_checkpoint(tmp_path, 7, "ab12")
+    root = str(tmp_path)
+    assert attempt_state(root, 7, "ab12") is True and attempt_state(root, 7, "cd34") is False
+    store = RemoteStore(f"memory://carina-test-{secrets.token_hex(4)}")
+    with pytest.raises(CheckpointError, match=r"ranks \[1\] did not upload their shards within 0.2 s"):
+        store.upload(root, 7, token="ab12", rank=0, timeout_s=0.2)
+    assert store.upload(root, 7, token="ab12", rank=0, wanted=lambda: False) is False  # superseded locally
+    assert store.committed_steps() == [] and _objects(store, 7) == ["rank00000.ab12.safetensors"]
+    assert store.upload(root, 7, token="ab12", rank=1) and store.committed_steps() == []  # no manifest from rank 1
+    assert store.upload(root, 7, token="ab12", rank=0) and store.committed_steps() == [7]
+    manifest, shards = select_shards(store, lambda _m: {0, 1})
+    assert manifest.attempt == "ab12" and manifest.objects == {"0": {"rank": 0}, "1": {"rank": 1}}
+    assert [shards[r]["w"].numpy().tobytes() for r in (0, 1)] == data

@@ -100,8 +100,9 @@ def test_two_ranks_to_s3_restore_at_2_and_1(
 def test_one_rank_failing_or_killed_before_upload_writes_no_manifest(
     tmp_path: Path, bucket_url: str, s3_endpoint: str
 ) -> None:
-    assert _run(tmp_path, bucket_url, s3_endpoint, "faults") == [0, -9]  # rank 1 SIGKILLed at step 3
+    codes = _run(tmp_path, bucket_url, s3_endpoint, "faults")
     rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert codes == [0, -9], (rank0, rank1)  # rank 1 SIGKILLed at step 3
     assert "upload of step 2 failed: injected" in rank1["error2"]
     assert "ranks [1] did not upload their shards" in rank0["error2"]
     assert "ranks [1] did not upload their shards" in rank0["error3"]

@@ -210,9 +210,11 @@ class RemoteStore:
         different ranks independent: none of them calls into torch.distributed.
         """
         deadline = time.monotonic() + timeout_s
+        delay = 0.05
         while shards:
             self._refresh()
-            shards = [s for s in shards if self._size(f"{remote_dir}/{s.file}") != s.size]
+            sizes = self._sizes(remote_dir)  # one listing a round, however many ranks
+            shards = [s for s in shards if sizes.get(s.file) != s.size]
             if not shards:
                 break
             if wanted is not None and not wanted():
@@ -223,14 +225,17 @@ class RemoteStore:
                     "(missing or of the wrong size); the manifest is not written",
                     path=self._url(remote_dir),
                 )
-            time.sleep(0.05)
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)  # back off: each round is a LIST request
         return True
 
-    def _size(self, path: str) -> int | None:
+    def _sizes(self, remote_dir: str) -> dict[str, int]:
+        """Object name -> size under ``remote_dir`` (empty if it does not exist yet)."""
         try:
-            return int(self.fs.info(path)["size"])
+            entries = self.fs.ls(remote_dir, detail=True)
         except FileNotFoundError:
-            return None
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
 
     # -- prune ---------------------------------------------------------------
     def prune(self, keep_last: int) -> builtins.list[int]:

@@ -9,6 +9,11 @@ calls into torch.distributed: ranks coordinate through the store alone.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
+from carina.ckpt.commit import step_dir_name
+from carina.ckpt.manifest import MANIFEST_NAME
 from carina.ckpt.remote import RemoteStore
 from carina.ckpt.storage import attempt_state
 from carina.core.errors import CheckpointError
@@ -56,7 +61,7 @@ class Uploader:
                         token=token,
                         rank=self.rank,
                         timeout_s=self.timeout_s,
-                        wanted=current,
+                        wanted=_unchanged(os.path.join(self.root, step_dir_name(step), MANIFEST_NAME)),
                     )
             except BaseException as exc:  # noqa: BLE001 - kept and raised at the next check()
                 if current():  # else superseded locally mid-upload
@@ -93,3 +98,24 @@ class Uploader:
         finally:
             self._queue.put(None)
             self._thread.join()
+
+
+def _unchanged(path: str) -> Callable[[], bool]:
+    """A check that ``path`` is still the file it is now (not pruned, not replaced by a new commit).
+
+    One ``stat`` a call: rank 0 asks it while it polls the store for other ranks' shards.
+    """
+    try:
+        st = os.stat(path)
+        ident = (st.st_ino, st.st_mtime_ns)
+    except FileNotFoundError:
+        ident = None
+
+    def check() -> bool:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        return (st.st_ino, st.st_mtime_ns) == ident
+
+    return check
