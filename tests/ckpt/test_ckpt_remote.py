@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from ckpt_state import assert_bitwise, make_state, s3_options, tensors_of
+from ckpt_state import assert_bitwise, make_state, s3_options, tensors_of, two_rank_jobs
 
 import carina
 from carina.ckpt import Checkpointer, Config, WriterKind
@@ -267,17 +267,12 @@ def test_failed_upload_surfaces(tmp_path: Path, s3_endpoint: str) -> None:
 
 def _two_rank_checkpoint(root: Path, step: int, token: str) -> list[bytes]:
     """A local 2-rank checkpoint committed by the writers' own code (rank 1's part, then rank 0's commit)."""
-    from carina.ckpt.commit import CommitJob, run_job
-    from carina.ckpt.layout import plan_layout
+    from carina.ckpt.commit import run_job
 
-    layout = plan_layout([("w", "F32", (4,))])
-    data = []
-    for rank in (1, 0):
-        data.append(bytes(range(16 * rank, 16 * rank + 16)))
-        job = CommitJob(root=str(root), step=step, token=token, rank=rank, world_size=2, header=layout.header,
-                        slots=layout.slots, objects={"rank": rank}, keep_last=0, commit_timeout_s=5)  # fmt: skip
-        run_job(job, memoryview(layout.header + data[-1]))
-    return data[::-1]
+    jobs = two_rank_jobs(str(root), step, token)
+    for job, image in reversed(jobs):
+        run_job(job, image)
+    return [bytes(image[len(job.header) :]) for job, image in jobs]
 
 
 def test_rank_zero_writes_the_manifest_only_after_every_shard(tmp_path: Path) -> None:

@@ -180,9 +180,16 @@ def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> N
     try:
         _phase("begin")
         os.makedirs(job.tmp_dir, exist_ok=True)
-        shard = _write_shard(job, image, write)
-        _write_json(os.path.join(job.tmp_dir, f"part{job.rank}.json"), {"shard": asdict(shard), "objects": job.objects})
-        fsync_dir(job.tmp_dir)
+        # Rank 0 renames the directory as soon as every part exists, so this rank
+        # fsyncs it through a descriptor opened before its part, not by path.
+        dir_fd = os.open(job.tmp_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            shard = _write_shard(job, image, write)
+            part = os.path.join(job.tmp_dir, f"part{job.rank}.json")
+            _write_json(part, {"shard": asdict(shard), "objects": job.objects})
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
         _phase("part")
         if job.rank == 0:
             _commit(job)
