@@ -33,3 +33,24 @@ def assert_bitwise(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> No
     for k, x in a.items():
         assert x.dtype == b[k].dtype, k
         assert torch.equal(x.view(-1).view(torch.uint8), b[k].view(-1).view(torch.uint8)), k
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """s3fs options for the loopback moto server (its fixed test credentials)."""
+    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing", "skip_instance_cache": True}
+
+
+def two_rank_jobs(root: str, step: int, token: str) -> list[tuple[Any, memoryview]]:
+    """The commit jobs (and staged images) of ranks 0 and 1 of one save of a 4-float tensor ``w``."""
+    from carina.ckpt.commit import CommitJob
+    from carina.ckpt.layout import plan_layout
+
+    layout = plan_layout([("w", "F32", (4,))])
+    return [
+        (
+            CommitJob(root=root, step=step, token=token, rank=rank, world_size=2, header=layout.header,
+                      slots=layout.slots, objects={"rank": rank}, keep_last=0, commit_timeout_s=5),
+            memoryview(layout.header + bytes(range(16 * rank, 16 * rank + 16))),
+        )
+        for rank in (0, 1)
+    ]  # fmt: skip

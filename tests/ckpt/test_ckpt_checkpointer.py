@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_state import assert_bitwise, make_state, tensors_of
+from ckpt_state import assert_bitwise, make_state, tensors_of, two_rank_jobs
 from safetensors import safe_open
 
 from carina.ckpt import Checkpointer, Config, WriterKind, verify
 from carina.ckpt.commit import committed_steps
+from carina.ckpt.storage import read_manifest
 from carina.core.errors import CheckpointError, ConfigError, CorruptCheckpoint, DeviceFull
 
 
@@ -203,6 +204,25 @@ def test_missing_rank_fails_commit(tmp_path: Path) -> None:
     # Other ranks may still write into the attempt's directory: it stays as debris
     # that restore ignores and the next commit prunes.
     assert [p.endswith(".tmp") for p in os.listdir(tmp_path)] == [True]
+
+
+def test_rank_committed_before_it_fsyncs_its_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 may rename the attempt's directory the moment rank 1's part exists; rank 1 must not fail then."""
+    from carina.ckpt import commit
+
+    (job0, image0), (job1, image1) = two_rank_jobs(str(tmp_path), 7, "ab12")
+    part1 = os.path.join(job1.tmp_dir, "part1.json")
+    done = []
+
+    def rank0_commits_now(phase: str, step: int) -> None:
+        if phase == "data_chunk" and os.path.exists(part1) and not done:
+            done.append(True)  # rank 1's part is written, not yet fsynced: rank 0 commits in between
+            commit.run_job(job0, image0)
+
+    monkeypatch.setattr(commit, "fault_hook", rank0_commits_now)
+    commit.run_job(job1, image1)
+    assert done and committed_steps(str(tmp_path)) == [7]
+    assert read_manifest(str(tmp_path / "step_0000000007")).objects == {"0": {"rank": 0}, "1": {"rank": 1}}
 
 
 def test_process_writer_refuses_small_shm(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from ckpt_state import assert_bitwise, make_state, tensors_of
+from ckpt_state import assert_bitwise, make_state, s3_options, tensors_of, two_rank_jobs
 
 import carina
 from carina.ckpt import Checkpointer, Config, WriterKind
@@ -23,33 +21,8 @@ from carina.ckpt.remote import RemoteStore, is_url
 from carina.core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1, a random port: real HTTP, real S3 protocol."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-def _options(endpoint: str) -> dict[str, Any]:
-    return {"endpoint_url": endpoint, "key": "testing", "secret": "testing", "skip_instance_cache": True}
-
-
-@pytest.fixture
-def bucket_url(s3_endpoint: str) -> str:
-    """A fresh bucket per test; the URL of a prefix inside it."""
-    name = f"ckpt-{secrets.token_hex(4)}"
-    RemoteStore(f"s3://{name}", _options(s3_endpoint)).fs.mkdir(name)
-    return f"s3://{name}/run1"
-
-
 def _store(url: str, endpoint: str) -> RemoteStore:
-    return RemoteStore(url, _options(endpoint))
+    return RemoteStore(url, s3_options(endpoint))
 
 
 def _local_checkpoints(root: Path, steps: list[int]) -> dict[int, dict[str, torch.Tensor]]:
@@ -80,7 +53,7 @@ def _objects(store: RemoteStore, step: int) -> list[str]:
 def test_s3_save_restore_bitwise(tmp_path: Path, bucket_url: str, s3_endpoint: str) -> None:
     state = make_state(0)
     expected = tensors_of(state)
-    config = {"remote": bucket_url, "remote_options": _options(s3_endpoint)}
+    config = {"remote": bucket_url, "remote_options": s3_options(s3_endpoint)}
     with Checkpointer(Config(dir=str(tmp_path / "a"), writer=WriterKind.THREAD, **config)) as ckpt:
         ckpt.save(5, state)
         ckpt.wait()  # committed locally, then uploaded
@@ -106,12 +79,12 @@ def test_upload_failing_before_manifest_never_selected(tmp_path: Path, bucket_ur
     store = _store(bucket_url, s3_endpoint)
     for step in (1, 2):
         store.upload(str(tmp_path / "local"), step)
-    broken = _FailsBeforeManifest(bucket_url, _options(s3_endpoint))
+    broken = _FailsBeforeManifest(bucket_url, s3_options(s3_endpoint))
     with pytest.raises(CheckpointError, match="upload of step 3 failed"):
         broken.upload(str(tmp_path / "local"), 3)
     assert len(_objects(store, 3)) == 1 and "manifest.json" not in _objects(store, 3)  # the shard is there
     assert store.committed_steps() == [1, 2] and [c.step for c in store.list()] == [1, 2]
-    step, got = _restored(tmp_path / "fresh", remote=bucket_url, remote_options=_options(s3_endpoint))
+    step, got = _restored(tmp_path / "fresh", remote=bucket_url, remote_options=s3_options(s3_endpoint))
     assert step == 2
     assert_bitwise(got, saved[2])
     store.upload(str(tmp_path / "local"), 4)  # the next upload deletes the debris
@@ -170,7 +143,7 @@ def test_corrupt_object_detected_and_skipped(tmp_path: Path, bucket_url: str, s3
         store.fetch(str(tmp_path / "named"), step=2)
     assert info.value.context["key"] == name
     assert committed_steps(str(tmp_path / "named")) == []  # nothing written before verification
-    config = {"remote": bucket_url, "remote_options": _options(s3_endpoint)}
+    config = {"remote": bucket_url, "remote_options": s3_options(s3_endpoint)}
     with pytest.warns(RuntimeWarning, match=f"skipping corrupt remote checkpoint.*{name}"):
         step, got = _restored(tmp_path / "fresh", **config)
     assert step == 1
@@ -209,7 +182,7 @@ def test_prune_and_reupload(tmp_path: Path, bucket_url: str, s3_endpoint: str) -
 
 def test_checkpointer_keeps_last_remotely(tmp_path: Path, bucket_url: str, s3_endpoint: str) -> None:
     state = make_state(0)
-    options = _options(s3_endpoint)
+    options = s3_options(s3_endpoint)
     config = Config(dir=str(tmp_path), keep_last=2, writer=WriterKind.THREAD, remote=bucket_url, remote_options=options)
     with Checkpointer(config) as ckpt:
         for step in (10, 20, 30):
@@ -265,7 +238,7 @@ def test_cli_on_s3(tmp_path: Path, bucket_url: str, s3_endpoint: str, monkeypatc
 
 def test_uploads_run_in_the_background(tmp_path: Path, bucket_url: str, s3_endpoint: str, writer: str) -> None:
     state = make_state(0)
-    options = _options(s3_endpoint)
+    options = s3_options(s3_endpoint)
     remote = {"remote": bucket_url, "remote_options": options}
     config = Config(dir=str(tmp_path), keep_last=0, every_steps=2, writer=WriterKind(writer), **remote)
     with Checkpointer(config) as ckpt:
@@ -284,9 +257,37 @@ def test_uploads_run_in_the_background(tmp_path: Path, bucket_url: str, s3_endpo
 def test_failed_upload_surfaces(tmp_path: Path, s3_endpoint: str) -> None:
     missing = f"s3://no-such-bucket-{secrets.token_hex(4)}/run"
     state = make_state(0)
-    with Checkpointer(Config(dir=str(tmp_path), remote=missing, remote_options=_options(s3_endpoint))) as ckpt:
+    with Checkpointer(Config(dir=str(tmp_path), remote=missing, remote_options=s3_options(s3_endpoint))) as ckpt:
         ckpt.save(1, state)
         with pytest.raises(CheckpointError, match="upload of step 1 failed"):
             ckpt.wait()
         ckpt.wait()  # raised once; the local checkpoint is committed regardless
     assert committed_steps(str(tmp_path)) == [1]
+
+
+def _two_rank_checkpoint(root: Path, step: int, token: str) -> list[bytes]:
+    """A local 2-rank checkpoint committed by the writers' own code (rank 1's part, then rank 0's commit)."""
+    from carina.ckpt.commit import run_job
+
+    jobs = two_rank_jobs(str(root), step, token)
+    for job, image in reversed(jobs):
+        run_job(job, image)
+    return [bytes(image[len(job.header) :]) for job, image in jobs]
+
+
+def test_rank_zero_writes_the_manifest_only_after_every_shard(tmp_path: Path) -> None:
+    from carina.ckpt.storage import attempt_state, select_shards
+
+    data = _two_rank_checkpoint(tmp_path, 7, "ab12")
+    root = str(tmp_path)
+    assert attempt_state(root, 7, "ab12") is True and attempt_state(root, 7, "cd34") is False
+    store = RemoteStore(f"memory://carina-test-{secrets.token_hex(4)}")
+    with pytest.raises(CheckpointError, match=r"ranks \[1\] did not upload their shards within 0.2 s"):
+        store.upload(root, 7, token="ab12", rank=0, timeout_s=0.2)
+    assert store.upload(root, 7, token="ab12", rank=0, wanted=lambda: False) is False  # superseded locally
+    assert store.committed_steps() == [] and _objects(store, 7) == ["rank00000.ab12.safetensors"]
+    assert store.upload(root, 7, token="ab12", rank=1) and store.committed_steps() == []  # no manifest from rank 1
+    assert store.upload(root, 7, token="ab12", rank=0) and store.committed_steps() == [7]
+    manifest, shards = select_shards(store, lambda _m: {0, 1})
+    assert manifest.attempt == "ab12" and manifest.objects == {"0": {"rank": 0}, "1": {"rank": 1}}
+    assert [shards[r]["w"].numpy().tobytes() for r in (0, 1)] == data

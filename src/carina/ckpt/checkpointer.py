@@ -72,14 +72,15 @@ class Checkpointer:
         self._next_arena = 0
         self._hooked: set[int] = set()
         self._remote: Any = None
-        self._unpushed: list[int] = []  # steps saved here, not yet uploaded
+        self._unpushed: list[tuple[int, str]] = []  # (step, attempt token) saved here, not yet uploaded
         if config.remote:
-            if self.world_size > 1:
-                raise CheckpointError("remote checkpoints support one process only", key="remote")
-            from carina.ckpt.remote import RemoteStore, Uploader
+            from carina.ckpt.remote import RemoteStore
+            from carina.ckpt.uploader import Uploader
 
             self._remote = RemoteStore(config.remote, config.remote_options)
-            self._uploader = Uploader(self._remote, config.dir, config.keep_last)
+            self._uploader = Uploader(
+                self._remote, config.dir, config.keep_last, rank=self.rank, timeout_s=config.commit_timeout_s
+            )
 
     # -- save ------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> SaveHandle:
@@ -93,7 +94,9 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         self._writer.check()
-        self._push(committed_only=True)
+        if self._remote is not None:
+            self._uploader.check()
+            self._push()
         arena = self._free_arena()
         captured = {k: _state_of(v) for k, v in state.items()}
         captured[_RNG_KEY] = capture_rng()
@@ -117,7 +120,7 @@ class Checkpointer:
         )
         self._writer.submit(job, snap, self._stager.handle(arena))
         if self._remote is not None:
-            self._unpushed.append(int(step))
+            self._unpushed.append((int(step), token))
         self._next_arena = (arena + 1) % self._stager.arenas
         return SaveHandle(int(step), time.perf_counter() - t0, snap.layout.size, self)
 
@@ -144,6 +147,7 @@ class Checkpointer:
         """Optimizer pre-step: parameters may change only after staging has copied them."""
         self._stager.wait_released()
         self._writer.busy()  # lets a fork/process writer start on the now complete arena
+        self._push()  # a save committed since: its upload starts now, not at the next save
 
     def in_flight(self) -> bool:
         """Whether a save is still being staged or written (never blocks; starts ready writers)."""
@@ -159,29 +163,52 @@ class Checkpointer:
         """
         self._writer.wait()
         if self._remote is not None:
-            self._push()
+            self._push(final=True)
             self._uploader.drain()
 
-    def _push(self, committed_only: bool = False) -> None:
-        """Hand saved steps to the background uploader, oldest first; an earlier failed upload raises.
+    def _push(self, final: bool = False) -> None:
+        """Hand saves committed locally to the background uploader, oldest first.
 
-        With ``committed_only``, stop at the first step not yet committed locally
-        (its writer is still busy); otherwise every step goes (the writer is done).
+        Without ``final``, stop at the first save not committed yet. With it (this
+        rank's writer is done), a rank other than 0 waits for rank 0's local commit
+        (``commit_timeout_s``), and a save that can no longer commit is dropped (its
+        writer's error was raised on the rank whose write failed).
+
+        Raises:
+            CheckpointError: ``final`` and rank 0 did not commit a save in time.
         """
         if self._remote is None:
             return
-        self._uploader.check()
-        done = set(committed_steps(self.config.dir)) if committed_only and self._unpushed else set()
-        while self._unpushed and (not committed_only or self._unpushed[0] in done):
-            self._uploader.submit(self._unpushed.pop(0))
+        from carina.ckpt.storage import attempt_state
+
+        deadline = time.monotonic() + self.config.commit_timeout_s
+        while self._unpushed:
+            step, token = self._unpushed[0]
+            state = attempt_state(self.config.dir, step, token)
+            while final and state is None and self.rank != 0:
+                if time.monotonic() > deadline:
+                    self._unpushed.pop(0)
+                    raise CheckpointError(
+                        f"step {step} was not committed within {self.config.commit_timeout_s:g} s (rank 0 commits)",
+                        path=self.config.dir,
+                    )
+                time.sleep(0.005)
+                state = attempt_state(self.config.dir, step, token)
+            if not final and state is not True:
+                return
+            self._unpushed.pop(0)
+            if state:
+                self._uploader.submit(step, token)
 
     def close(self) -> None:
         """Finish pending saves and uploads, stop the writer and release the arenas."""
         try:
             self._writer.close()
             if self._remote is not None:
-                self._push()
-                self._uploader.close()
+                try:
+                    self._push(final=True)
+                finally:
+                    self._uploader.close()
         finally:
             self._stager.close()
 
@@ -205,11 +232,7 @@ class Checkpointer:
             CheckpointError: Nothing to restore, or the state does not match.
             CorruptCheckpoint: ``step`` was named and fails verification.
         """
-        from carina.ckpt.restore import load_for_rank
-
-        if self._remote is not None:
-            self._pull(step)
-        manifest, saved = load_for_rank(self.config.dir, state, self.rank, step)
+        manifest, saved = self._agreed(state, step)
         missing = [k for k in state if k not in saved]
         if missing:
             raise CheckpointError(f"checkpoint lacks state {missing[0]!r}", key=missing[0])
@@ -221,23 +244,66 @@ class Checkpointer:
         restore_rng(saved[_RNG_KEY])
         return manifest.step
 
-    def _pull(self, step: int | None) -> None:
-        """Fetch from ``remote`` what a local restore lacks: ``step``, or a newer checkpoint."""
-        from carina.ckpt.remote import newest_local
+    def _agreed(self, state: MutableMapping[str, Any], step: int | None) -> tuple[Any, Any]:
+        """Select and verify on every rank; with several ranks, all must have chosen the same step.
 
-        local = committed_steps(self.config.dir)
+        Runs in the trainer's thread (restore is called on every rank), so one
+        ``all_gather_object`` is allowed here; nothing is loaded before it.
+
+        Raises:
+            CheckpointError: This rank found nothing, or the ranks selected different steps.
+        """
+        error: CheckpointError | None = None
+        try:
+            manifest, saved = self._load(state, step)
+        except CheckpointError as exc:
+            error = exc
+        except OSError as exc:  # the store failed: every rank must still reach the gather below
+            error = CheckpointError(f"cannot read checkpoints: {exc}", path=self.config.remote or self.config.dir)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            chosen: list[Any] = [None] * self.world_size
+            dist.all_gather_object(chosen, None if error is not None else manifest.step)
+            if error is None and (None in chosen or len(set(chosen)) > 1):
+                error = CheckpointError(
+                    f"ranks selected different checkpoints (steps by rank, None: none): {chosen}; nothing was loaded",
+                    path=self.config.dir,
+                )
+        if error is not None:
+            raise error
+        return manifest, saved
+
+    def _load(self, state: MutableMapping[str, Any], step: int | None) -> tuple[Any, Any]:
+        """This rank's verified tree: from ``dir``, or from ``remote`` when that holds a newer checkpoint.
+
+        One process fetches the remote checkpoint into ``dir`` (committed there),
+        then restores locally; each of several ranks reads the shards it needs
+        straight from the store, checksums verified, and writes nothing locally.
+        """
+        from carina.ckpt.restore import load_for_rank
+
+        root = self.config.dir
+        if self._remote is not None and self._remote_is_newer(step):
+            try:
+                if self.world_size == 1:
+                    self._remote.fetch(root, step)
+                else:
+                    return load_for_rank(self._remote, state, self.rank, step)
+            except CheckpointError:
+                if step is not None or not committed_steps(root):
+                    raise
+        return load_for_rank(root, state, self.rank, step)
+
+    def _remote_is_newer(self, step: int | None) -> bool:
+        """Whether the remote must serve ``step`` (missing in ``dir``) or holds a newer checkpoint than ``dir``."""
+        from carina.ckpt.storage import newest_local
+
         if step is not None:
-            if step not in local:
-                self._remote.fetch(self.config.dir, step)
-            return
+            return step not in committed_steps(self.config.dir)
         remote = self._remote.committed_steps()
         newest = newest_local(self.config.dir)
-        if remote and (newest is None or remote[-1] > newest):
-            try:
-                self._remote.fetch(self.config.dir)
-            except CheckpointError:
-                if not local:
-                    raise
+        return bool(remote) and (newest is None or remote[-1] > newest)
 
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints, oldest first."""

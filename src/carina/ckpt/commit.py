@@ -1,8 +1,8 @@
 """Persist one staged shard and commit the checkpoint atomically.
 
 This is the code a writer runs, in a thread, a spawned process or a forked
-child. It uses only ``os``, ``zlib`` and ``json`` on a memoryview built before
-the writer started (no torch, no CUDA, no locks a fork could have copied held).
+child. It uses only ``os``, ``json`` and the CRC-32 of :mod:`carina.ckpt.checksum` on a
+memoryview built before the writer started (no torch, no CUDA, no locks a fork could have copied held).
 
 Protocol, per checkpoint ``step_N``::
 
@@ -47,6 +47,7 @@ __all__ = [
     "prune",
     "run_job",
     "step_dir_name",
+    "tmp_dir_name",
 ]
 
 LATEST = "latest"
@@ -86,12 +87,17 @@ class CommitJob:
     @property
     def tmp_dir(self) -> str:
         """The directory this attempt writes into."""
-        return os.path.join(self.root, f"{step_dir_name(self.step)}.{self.token}.tmp")
+        return os.path.join(self.root, tmp_dir_name(self.step, self.token))
 
 
 def step_dir_name(step: int) -> str:
     """``step_0000000042``: sortable, one directory per checkpoint."""
     return f"step_{step:010d}"
+
+
+def tmp_dir_name(step: int, token: str) -> str:
+    """Where save attempt ``token`` of ``step`` is written before its commit renames it."""
+    return f"{step_dir_name(step)}.{token}.tmp"
 
 
 def _phase(name: str) -> None:
@@ -174,9 +180,16 @@ def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> N
     try:
         _phase("begin")
         os.makedirs(job.tmp_dir, exist_ok=True)
-        shard = _write_shard(job, image, write)
-        _write_json(os.path.join(job.tmp_dir, f"part{job.rank}.json"), {"shard": asdict(shard), "objects": job.objects})
-        fsync_dir(job.tmp_dir)
+        # Rank 0 renames the directory as soon as every part exists, so this rank
+        # fsyncs it through a descriptor opened before its part, not by path.
+        dir_fd = os.open(job.tmp_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            shard = _write_shard(job, image, write)
+            part = os.path.join(job.tmp_dir, f"part{job.rank}.json")
+            _write_json(part, {"shard": asdict(shard), "objects": job.objects})
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
         _phase("part")
         if job.rank == 0:
             _commit(job)
@@ -230,6 +243,7 @@ def _commit(job: CommitJob) -> None:
         world_size=job.world_size,
         shards=tuple(p[0] for p in parts),
         objects={str(r): p[1] for r, p in enumerate(parts)},
+        attempt=job.token,
     )
     write_file(os.path.join(job.tmp_dir, MANIFEST_NAME), memoryview(manifest.to_json().encode()))
     fsync_dir(job.tmp_dir)

@@ -24,7 +24,8 @@ class CheckpointConfig(Config):
             ``fork`` (CRUM-style child), ``process`` (persistent spawned writer) or ``sync``.
         every_steps: :meth:`Checkpointer.maybe_save` saves when ``step % every_steps == 0``
             (0: only explicit saves).
-        commit_timeout_s: How long rank 0 waits for the other ranks' shards.
+        commit_timeout_s: How long rank 0 waits for the other ranks' shards (local parts, and
+            with ``remote`` their shard objects); other ranks wait as long for rank 0's local commit.
         arena_bytes: Allocate (and pin) both staging arenas of this size up front, so
             the first saves do not pay for it; 0 sizes them at the first save. They
             grow when the state outgrows them.
@@ -36,7 +37,8 @@ class CheckpointConfig(Config):
         remote: An fsspec URL (``s3://bucket/prefix``, ``memory://x``, ...) that
             committed checkpoints are uploaded to at :meth:`Checkpointer.wait` and
             ``close``, and restored from when it holds a newer one than ``dir``
-            ("" : local only). Needs ``carina[ckpt]``; one process only.
+            ("" : local only). Needs ``carina[ckpt]``. With several ranks each uploads its own
+            shard and rank 0 the manifest, once every shard object is in the store.
         remote_options: fsspec storage options (for S3: ``endpoint_url``, ``key``, ``secret``).
     """
 

@@ -4,7 +4,7 @@ One ``manifest.json`` per checkpoint directory, written last and renamed into
 place with the directory, so its presence means every shard it names is durable::
 
     {"format": "carina.ckpt", "version": 1, "step": 120, "world_size": 1,
-     "checksum": "crc32", "objects": {...},
+     "checksum": "crc32", "attempt": "5f0c2a9e41b7", "objects": {...},
      "shards": [{"rank": 0, "file": "rank00000.safetensors", "size": 8192,
                  "data_start": 4096, "header_crc32": 1234,
                  "tensors": [{"name": "model/w", "dtype": "F32", "shape": [2, 2],
@@ -88,6 +88,8 @@ class Manifest:
     world_size: int
     shards: tuple[ShardEntry, ...]
     objects: dict[str, Any] = field(default_factory=dict)
+    #: The save attempt's token (shared by every rank of that save); "" when unknown.
+    attempt: str = ""
     format: str = FORMAT
     version: int = VERSION
     checksum: str = "crc32"
@@ -134,12 +136,13 @@ def parse_manifest(text: str | bytes, *, path: str = "<manifest>") -> Manifest:
     if world < 1:
         raise CorruptCheckpoint("world_size must be >= 1", path=path, key="world_size")
     objects = check.mapping(root.get("objects", {}), "objects")
+    attempt = check.get(root, "attempt", str, "manifest") if "attempt" in root else ""
     shard_list = check.get(root, "shards", list, "manifest")
     shards = tuple(_shard(check, s, f"shards[{i}]") for i, s in enumerate(shard_list))
     ranks = sorted(s.rank for s in shards)
     if ranks != list(range(world)):
         raise CorruptCheckpoint(f"shards cover ranks {ranks}, expected 0..{world - 1}", path=path)
-    return Manifest(step=step, world_size=world, shards=shards, objects=objects)
+    return Manifest(step=step, world_size=world, shards=shards, objects=objects, attempt=attempt)
 
 
 def parse_shard(raw: Any, *, path: str = "<part>") -> ShardEntry:

@@ -3,18 +3,23 @@
 A remote checkpoint mirrors a local committed one. Object stores have no
 rename, so the commit is ordering alone::
 
-    <root>/step_N/rank00000.<token>.safetensors   every shard, then
+    <root>/step_N/rank00000.<token>.safetensors   every rank's shard, then
     <root>/step_N/manifest.json                   last: this object commits step N
     <root>/latest                                 a hint, after the manifest
 
-Shard objects carry the attempt token in their names, so re-uploading a step
-never overwrites the bytes an existing manifest points at. A step whose
-manifest object is absent (an upload killed or failed before its last PUT) is
-never listed or selected, and the next upload or :meth:`RemoteStore.prune`
-deletes it. Pruning deletes a checkpoint's manifest before its shards.
+Shard objects carry the save's attempt token in their names, so re-uploading a
+step never overwrites the bytes an existing manifest points at. Several ranks
+upload their own shards (:meth:`RemoteStore.upload` with ``rank``); rank 0
+then polls the store until every other rank's shard object exists with the
+size the local manifest names, and only then writes the manifest. A step whose
+manifest object is absent (an upload killed or failed before its last PUT, a
+rank that never uploaded) is never listed or selected, and the next upload or
+:meth:`RemoteStore.prune` deletes it. Pruning deletes a checkpoint's manifest
+before its shards. A :class:`RemoteStore` is a :class:`~carina.ckpt.storage.Source`:
+restore reads (and verifies) the shards a rank needs straight from it;
 :meth:`RemoteStore.fetch` downloads the newest checkpoint whose every checksum
 verifies (older ones are tried with a warning) and commits it into a local
-directory the way a writer does, so :class:`~carina.ckpt.Checkpointer` restores it.
+directory the way a writer does.
 
 Needs ``fsspec`` (and ``s3fs`` for ``s3://``): ``pip install carina[ckpt]``.
 """
@@ -26,16 +31,18 @@ import os
 import re
 import secrets
 import shutil
+import time
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from carina.ckpt.commit import LATEST, committed_steps, fsync_dir, step_dir_name, write_file
-from carina.ckpt.manifest import MANIFEST_NAME, Manifest, parse_manifest
-from carina.ckpt.storage import CheckpointInfo, check_shard_bytes, latest_hint, read_manifest
+from carina.ckpt.commit import LATEST, fsync_dir, step_dir_name, write_file
+from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, parse_manifest
+from carina.ckpt.storage import CheckpointInfo, candidates, read_manifest, read_verified
 from carina.core.errors import CheckpointError, ConfigError, CorruptCheckpoint
 
-__all__ = ["RemoteStore", "Uploader", "is_url", "newest_local"]
+__all__ = ["RemoteStore", "is_url"]
 
 _STEP_RE = re.compile(r"^step_(\d{10})$")
 
@@ -69,6 +76,7 @@ class RemoteStore:
         except (ImportError, ValueError) as exc:
             raise ConfigError(f"cannot open {url}: {exc}", key="remote", value=url) from exc
         self.url = url
+        self.where = url
         self.root = root.rstrip("/")
 
     def _path(self, *parts: str) -> str:
@@ -134,33 +142,100 @@ class RemoteStore:
         return f"{self.url.split('://', 1)[0]}://{path.lstrip('/')}" if "://" not in path else path
 
     # -- upload --------------------------------------------------------------
-    def upload(self, local_root: str, step: int, keep_last: int = 0) -> None:
+    def upload(
+        self,
+        local_root: str,
+        step: int,
+        keep_last: int = 0,
+        *,
+        token: str = "",
+        rank: int | None = None,
+        timeout_s: float = 600.0,
+        wanted: Callable[[], bool] | None = None,
+    ) -> bool:
         """Upload local committed checkpoint ``step``: shards first, the manifest last; then prune.
 
+        With ``rank`` None this process uploads every shard. With ``rank`` set (one
+        rank of a multi-rank save; every rank sees the local directory), only that
+        rank's shard; rank 0 then polls the store until every other rank's shard
+        object exists with the size the manifest names (for ``timeout_s``), and only
+        then writes the manifest and ``latest`` and prunes. ``token`` names the shard
+        objects (every rank of one save passes the same; default: a fresh one).
+        ``wanted`` is asked while rank 0 waits: False (the local checkpoint was
+        pruned or replaced meanwhile) abandons the upload without writing the manifest.
+
+        Returns:
+            False when ``wanted`` abandoned it, else True.
+
         Raises:
-            CheckpointError: The local checkpoint is missing, or the store failed
-                (nothing is committed then: the manifest was not written).
+            CheckpointError: The local checkpoint is missing, the store failed, or
+                other ranks' shards did not appear in time (nothing is committed
+                then: the manifest was not written).
         """
         local = os.path.join(local_root, step_dir_name(step))
         manifest = read_manifest(local)
-        token = secrets.token_hex(6)
+        token = token or secrets.token_hex(6)
         remote_dir = self._path(step_dir_name(step))
-        shards = []
+        named = tuple(replace(s, file=_object_name(s.file, token)) for s in manifest.shards)
         try:
-            for shard in manifest.shards:
-                name = f"{shard.file.removesuffix('.safetensors')}.{token}.safetensors"
-                self.fs.put_file(os.path.join(local, shard.file), f"{remote_dir}/{name}")
-                shards.append(replace(shard, file=name))
+            self._before_data(step)
+            for shard, obj in zip(manifest.shards, named, strict=True):
+                if rank is None or shard.rank == rank:
+                    self.fs.put_file(os.path.join(local, shard.file), f"{remote_dir}/{obj.file}")
             self._after_data(step)
-            text = replace(manifest, shards=tuple(shards)).to_json().encode()
-            self.fs.pipe_file(f"{remote_dir}/{MANIFEST_NAME}", text)
+            if rank not in (None, 0):
+                return True
+            others = [s for s in named if rank is not None and s.rank != rank]
+            if not self._await_shards(remote_dir, others, timeout_s, wanted):
+                return False
+            self.fs.pipe_file(f"{remote_dir}/{MANIFEST_NAME}", replace(manifest, shards=named).to_json().encode())
             self.fs.pipe_file(self._path(LATEST), step_dir_name(step).encode())
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"upload of step {step} failed: {exc}", path=self._url(remote_dir)) from exc
         self.prune(keep_last)
+        return True
+
+    def _before_data(self, step: int) -> None:
+        """Test seam: called before this process's shard objects are uploaded."""
 
     def _after_data(self, step: int) -> None:
-        """Test seam: called after the shard objects are uploaded, before the manifest."""
+        """Test seam: called after this process's shard objects are uploaded, before the manifest."""
+
+    def _await_shards(
+        self, remote_dir: str, shards: builtins.list[ShardEntry], timeout_s: float, wanted: Callable[[], bool] | None
+    ) -> bool:
+        """Poll until every shard object in ``shards`` exists with its size; False if ``wanted`` says stop.
+
+        Polling the store (not a collective) keeps the background uploaders of
+        different ranks independent: none of them calls into torch.distributed.
+        """
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while shards:
+            self._refresh()
+            sizes = self._sizes(remote_dir)  # one listing a round, however many ranks
+            shards = [s for s in shards if sizes.get(s.file) != s.size]
+            if not shards:
+                break
+            if wanted is not None and not wanted():
+                return False
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"ranks {[s.rank for s in shards]} did not upload their shards within {timeout_s:g} s "
+                    "(missing or of the wrong size); the manifest is not written",
+                    path=self._url(remote_dir),
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)  # back off: each round is a LIST request
+        return True
+
+    def _sizes(self, remote_dir: str) -> dict[str, int]:
+        """Object name -> size under ``remote_dir`` (empty if it does not exist yet)."""
+        try:
+            entries = self.fs.ls(remote_dir, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0) for e in entries}
 
     # -- prune ---------------------------------------------------------------
     def prune(self, keep_last: int) -> builtins.list[int]:
@@ -207,18 +282,13 @@ class RemoteStore:
             CheckpointError: No committed remote checkpoint, or ``step`` is missing.
             CorruptCheckpoint: ``step`` was named and fails verification.
         """
-        steps = self.committed_steps()
         if step is not None:
-            if step not in steps:
+            if step not in self.committed_steps():
                 raise CheckpointError(f"no committed remote checkpoint for step {step}", path=self.url)
-            candidates = [step]
+            order = [step]
         else:
-            candidates = sorted(steps, reverse=True)
-            hint = self.latest_hint()
-            if hint in candidates:
-                candidates.remove(hint)
-                candidates.insert(0, hint)
-        for cand in candidates:
+            order = candidates(self)
+        for cand in order:
             try:
                 manifest, blobs = self._download_verified(cand)
             except CorruptCheckpoint as exc:
@@ -238,87 +308,39 @@ class RemoteStore:
         """
         return self._download_verified(step)[0]
 
-    def _download_verified(self, step: int) -> tuple[Manifest, dict[str, bytes]]:
+    def shard_bytes(self, step: int, shard: ShardEntry) -> tuple[bytearray, str]:
+        """One shard object, read whole, its size checked (a :class:`~carina.ckpt.storage.Source` method).
+
+        Raises:
+            CorruptCheckpoint: Unreadable, or not the size the manifest names.
+        """
+        path = self._path(step_dir_name(step), shard.file)
+        try:
+            data = bytearray(self.fs.cat_file(path))
+        except (FileNotFoundError, OSError) as exc:
+            raise CorruptCheckpoint(f"cannot read shard: {exc}", path=self._url(path)) from exc
+        if len(data) != shard.size:
+            raise CorruptCheckpoint(f"shard is {len(data)} bytes, manifest says {shard.size}", path=self._url(path))
+        return data, self._url(path)
+
+    def _download_verified(self, step: int) -> tuple[Manifest, dict[str, bytearray]]:
         manifest = self.read_manifest(step)
-        blobs: dict[str, bytes] = {}
+        blobs: dict[str, bytearray] = {}
         shards = []
-        for shard in manifest.shards:
-            path = self._path(step_dir_name(step), shard.file)
-            try:
-                data = self.fs.cat_file(path)
-            except (FileNotFoundError, OSError) as exc:
-                raise CorruptCheckpoint(f"cannot read shard: {exc}", path=self._url(path)) from exc
-            if len(data) != shard.size:
-                raise CorruptCheckpoint(f"shard is {len(data)} bytes, manifest says {shard.size}", path=self._url(path))
-            check_shard_bytes(data, shard, self._url(path))
+        for entry in manifest.shards:
+            shard, data = read_verified(self, step, manifest, entry.rank)
             local_name = f"rank{shard.rank:05d}.safetensors"
             blobs[local_name] = data
             shards.append(replace(shard, file=local_name))
         return replace(manifest, shards=tuple(shards)), blobs
 
 
-class Uploader:
-    """Uploads committed local checkpoints in a background thread; a failure surfaces at :meth:`check`.
-
-    Args:
-        store: Where to upload.
-        root: The local checkpoint directory.
-        keep_last: Remote retention after each upload (0 keeps all).
-    """
-
-    def __init__(self, store: RemoteStore, root: str, keep_last: int) -> None:
-        import queue
-        import threading
-
-        self.store, self.root, self.keep_last = store, root, keep_last
-        self._queue: queue.Queue[int | None] = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="carina-ckpt-upload", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (step := self._queue.get()) is not None:
-            try:
-                if self._error is None and step in committed_steps(self.root):  # pruned locally: superseded
-                    self.store.upload(self.root, step, self.keep_last)
-            except BaseException as exc:  # noqa: BLE001 - kept and raised at the next check()
-                if step in committed_steps(self.root):  # else pruned locally mid-upload: superseded
-                    self._error = exc
-            finally:
-                self._queue.task_done()
-        self._queue.task_done()
-
-    def submit(self, step: int) -> None:
-        """Queue the committed local checkpoint ``step``."""
-        self._queue.put(step)
-
-    def check(self) -> None:
-        """Raise the first failed upload (once).
-
-        Raises:
-            CheckpointError: An upload failed.
-        """
-        error, self._error = self._error, None
-        if isinstance(error, CheckpointError):
-            raise error
-        if error is not None:
-            raise CheckpointError(f"checkpoint upload failed: {error!r}", path=self.store.url) from error
-
-    def drain(self) -> None:
-        """Wait until every queued upload is done, then :meth:`check`."""
-        self._queue.join()
-        self.check()
-
-    def close(self) -> None:
-        """Drain and stop the thread."""
-        try:
-            self.drain()
-        finally:
-            self._queue.put(None)
-            self._thread.join()
+def _object_name(file: str, token: str) -> str:
+    """``rank00001.safetensors`` -> ``rank00001.<token>.safetensors``."""
+    return f"{file.removesuffix('.safetensors')}.{token}.safetensors"
 
 
-def _commit_local(root: str, manifest: Manifest, blobs: dict[str, bytes]) -> None:
+def _commit_local(root: str, manifest: Manifest, blobs: dict[str, bytearray]) -> None:
     """Write a verified checkpoint into ``root`` and commit it (manifest last, rename, ``latest``)."""
     name = step_dir_name(manifest.step)
     final = os.path.join(root, name)
@@ -342,12 +364,3 @@ def _commit_local(root: str, manifest: Manifest, blobs: dict[str, bytes]) -> Non
     fsync_dir(root)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def newest_local(root: str) -> int | None:
-    """The step a local restore would try first (``latest``, else the newest committed)."""
-    hint = latest_hint(root)
-    if hint is not None:
-        return hint
-    steps = committed_steps(root)
-    return steps[-1] if steps else None

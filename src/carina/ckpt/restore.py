@@ -19,7 +19,7 @@ from typing import Any
 
 from carina.ckpt.manifest import Manifest
 from carina.ckpt.reshard import Box, Chunk, assemble, chunk_of, plan_reads, source_rank, wrap_like
-from carina.ckpt.storage import select_shards
+from carina.ckpt.storage import Source, select_shards
 from carina.ckpt.tree import flatten, unflatten
 from carina.core.errors import CheckpointError
 
@@ -77,8 +77,11 @@ def _wants(manifest: Manifest, chunks: Mapping[str, Chunk], rank: int) -> dict[s
     return out
 
 
-def load_for_rank(root: str, state: Mapping[str, Any], rank: int, step: int | None) -> tuple[Manifest, Any]:
+def load_for_rank(root: str | Source, state: Mapping[str, Any], rank: int, step: int | None) -> tuple[Manifest, Any]:
     """Select, verify and assemble the newest good checkpoint for ``rank``.
+
+    ``root`` is a local checkpoint directory or a :class:`~carina.ckpt.storage.Source`
+    (a :class:`~carina.ckpt.remote.RemoteStore`): only the shards this rank needs are read.
 
     Returns:
         The manifest and the saved state tree with tensors (DTensors where the

@@ -13,18 +13,25 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from carina.ckpt.checksum import crc32
-from carina.ckpt.commit import LATEST, committed_steps, step_dir_name
+from carina.ckpt.commit import LATEST, committed_steps, step_dir_name, tmp_dir_name
 from carina.ckpt.manifest import MANIFEST_NAME, Manifest, ShardEntry, TensorEntry, parse_manifest
 from carina.core.errors import CarinaError, CheckpointError, CorruptCheckpoint
 
 __all__ = [
     "CheckpointInfo",
     "LoadedShard",
+    "LocalSource",
+    "Source",
+    "attempt_state",
+    "candidates",
+    "read_verified",
+    "shard_tensors",
     "latest_hint",
     "list_checkpoints",
+    "newest_local",
     "load_shard",
     "check_shard_bytes",
     "read_manifest",
@@ -70,6 +77,28 @@ def read_manifest(path: str) -> Manifest:
     return parse_manifest(text, path=file)
 
 
+def attempt_state(root: str, step: int, token: str) -> bool | None:
+    """Whether save attempt ``token`` of ``step`` is committed in ``root``.
+
+    True when ``step_N``'s manifest names that attempt; None while its temp
+    directory still exists (being written, or waiting for rank 0's commit);
+    False when it can no longer be (it failed, was pruned or replaced).
+    """
+
+    def committed() -> bool:
+        path = os.path.join(root, step_dir_name(step))
+        try:
+            return os.path.isfile(os.path.join(path, MANIFEST_NAME)) and read_manifest(path).attempt == token
+        except CorruptCheckpoint:
+            return False
+
+    if committed():
+        return True
+    if os.path.isdir(os.path.join(root, tmp_dir_name(step, token))):
+        return None
+    return committed() or False  # renamed into place between the two looks
+
+
 def latest_hint(root: str) -> int | None:
     """The step ``latest`` points at, if it names a committed checkpoint."""
     try:
@@ -80,6 +109,15 @@ def latest_hint(root: str) -> int | None:
     if name.startswith("step_") and name[5:].isdigit() and os.path.isdir(os.path.join(root, name)):
         return int(name[5:])
     return None
+
+
+def newest_local(root: str) -> int | None:
+    """The step a local restore would try first (``latest``, else the newest committed)."""
+    hint = latest_hint(root)
+    if hint is not None:
+        return hint
+    steps = committed_steps(root)
+    return steps[-1] if steps else None
 
 
 def list_checkpoints(root: str) -> list[CheckpointInfo]:
@@ -121,7 +159,7 @@ def _read_file(path: str, size: int) -> Any:
 
 
 def check_shard_bytes(buf: Any, shard: ShardEntry, path: str) -> None:
-    """Header and every tensor crc32; tensors are checked by a few threads (zlib releases the GIL)."""
+    """Header and every tensor crc32, the tensors by a few threads (zlib releases the GIL)."""
     view = memoryview(buf)
     if crc32(view[: shard.data_start]) != shard.header_crc32:
         raise CorruptCheckpoint("shard header checksum mismatch", path=path, offset=0)
@@ -144,28 +182,109 @@ def check_shard_bytes(buf: Any, shard: ShardEntry, path: str) -> None:
             raise CorruptCheckpoint(f"checksum mismatch in tensor {t.name!r}", path=path, offset=start, key=t.name)
 
 
+def shard_tensors(buf: Any, shard: ShardEntry) -> dict[str, Any]:
+    """Tensor views into a verified shard's bytes, by name."""
+    import torch
+
+    from carina.ckpt.layout import torch_dtype
+
+    flat = torch.frombuffer(buf, dtype=torch.uint8) if isinstance(buf, bytearray) else torch.from_numpy(buf)
+    tensors = {}
+    for t in shard.tensors:
+        start = shard.data_start + t.offset
+        tensors[t.name] = flat[start : start + t.nbytes].view(torch_dtype(t.dtype)).view(t.shape)
+    return tensors
+
+
 def load_shard(path: str, manifest: Manifest, rank: int) -> LoadedShard:
     """Read and verify one rank's shard; tensors are views into the verified bytes.
 
     Raises:
         CorruptCheckpoint: Size, header or any tensor checksum does not match.
     """
-    import torch
-
-    from carina.ckpt.layout import torch_dtype
-
-    shard = next((s for s in manifest.shards if s.rank == rank), None)
-    if shard is None:
-        raise CheckpointError(f"checkpoint has no shard for rank {rank}", path=path)
+    shard = _shard_of(manifest, rank, path)
     file = os.path.join(path, shard.file)
     buf = _read_file(file, shard.size)
     check_shard_bytes(buf, shard, file)
-    flat = torch.from_numpy(buf)
-    tensors = {}
-    for t in shard.tensors:
-        start = shard.data_start + t.offset
-        tensors[t.name] = flat[start : start + t.nbytes].view(torch_dtype(t.dtype)).view(t.shape)
-    return LoadedShard(manifest, rank, tensors)
+    return LoadedShard(manifest, rank, shard_tensors(buf, shard))
+
+
+def _shard_of(manifest: Manifest, rank: int, where: str) -> ShardEntry:
+    shard = next((s for s in manifest.shards if s.rank == rank), None)
+    if shard is None:
+        raise CheckpointError(f"checkpoint has no shard for rank {rank}", path=where)
+    return shard
+
+
+class Source(Protocol):
+    """Where committed checkpoints are read from: a local directory or an object store."""
+
+    @property
+    def where(self) -> str:
+        """The directory or URL, for messages."""
+        ...
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a committed checkpoint, ascending."""
+        ...
+
+    def latest_hint(self) -> int | None:
+        """The step ``latest`` names, if any."""
+        ...
+
+    def read_manifest(self, step: int) -> Manifest:
+        """Step ``step``'s manifest (raises :class:`CorruptCheckpoint`)."""
+        ...
+
+    def shard_bytes(self, step: int, shard: ShardEntry) -> tuple[Any, str]:
+        """The whole shard, its size checked, and where it was read (raises :class:`CorruptCheckpoint`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LocalSource:
+    """A local checkpoint directory as a :class:`Source`."""
+
+    where: str
+
+    def committed_steps(self) -> list[int]:
+        """Steps with a committed checkpoint, ascending."""
+        return committed_steps(self.where)
+
+    def latest_hint(self) -> int | None:
+        """The step ``latest`` names, if any."""
+        return latest_hint(self.where)
+
+    def read_manifest(self, step: int) -> Manifest:
+        """Step ``step``'s manifest."""
+        return read_manifest(os.path.join(self.where, step_dir_name(step)))
+
+    def shard_bytes(self, step: int, shard: ShardEntry) -> tuple[Any, str]:
+        """The whole shard, read through :mod:`carina.io`."""
+        file = os.path.join(self.where, step_dir_name(step), shard.file)
+        return _read_file(file, shard.size), file
+
+
+def candidates(source: Source) -> list[int]:
+    """Committed steps in the order restore tries them: the one ``latest`` names, then newest first."""
+    steps = sorted(source.committed_steps(), reverse=True)
+    hint = source.latest_hint()
+    if hint is not None and hint in steps:
+        steps.remove(hint)
+        steps.insert(0, hint)
+    return steps
+
+
+def read_verified(source: Source, step: int, manifest: Manifest, rank: int) -> tuple[ShardEntry, Any]:
+    """Rank ``rank``'s shard of ``step``, read whole, its size, header and tensor crc32s checked.
+
+    Raises:
+        CorruptCheckpoint: The first problem found.
+    """
+    shard = _shard_of(manifest, rank, source.where)
+    buf, where = source.shard_bytes(step, shard)
+    check_shard_bytes(buf, shard, where)
+    return shard, buf
 
 
 def verify(path: str) -> Manifest:
@@ -193,35 +312,36 @@ def select(root: str, rank: int = 0, step: int | None = None) -> LoadedShard:
 
 
 def select_shards(
-    root: str, ranks: Callable[[Manifest], set[int]], step: int | None = None
+    source: str | Source, ranks: Callable[[Manifest], set[int]], step: int | None = None
 ) -> tuple[Manifest, dict[int, dict[str, Any]]]:
     """Load and verify the shards ``ranks(manifest)`` names of the newest good checkpoint.
 
-    A checkpoint is good when every shard asked for verifies; otherwise the
-    next older one is tried (with a warning), unless ``step`` names it.
+    ``source`` is a local directory or any :class:`Source` (e.g. a
+    :class:`~carina.ckpt.remote.RemoteStore`). A checkpoint is good when every
+    shard asked for verifies; otherwise the next older one is tried (with a
+    warning), unless ``step`` names it.
 
     Raises:
         CheckpointError: No committed checkpoint exists, or ``step`` is missing.
         CorruptCheckpoint: ``step`` was named and fails verification.
     """
+    src = LocalSource(source) if isinstance(source, str) else source
 
-    def load(path: str) -> tuple[Manifest, dict[int, dict[str, Any]]]:
-        manifest = read_manifest(path)
-        return manifest, {r: load_shard(path, manifest, r).tensors for r in sorted(ranks(manifest))}
+    def load(cand: int) -> tuple[Manifest, dict[int, dict[str, Any]]]:
+        manifest = src.read_manifest(cand)
+        out = {}
+        for r in sorted(ranks(manifest)):
+            shard, buf = read_verified(src, cand, manifest, r)
+            out[r] = shard_tensors(buf, shard)
+        return manifest, out
 
     if step is not None:
-        path = os.path.join(root, step_dir_name(step))
-        if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
-            raise CheckpointError(f"no committed checkpoint for step {step}", path=root)
-        return load(path)
-    hint = latest_hint(root)
-    candidates = sorted(committed_steps(root), reverse=True)
-    if hint is not None and hint in candidates:
-        candidates.remove(hint)
-        candidates.insert(0, hint)
-    for cand in candidates:
+        if step not in src.committed_steps():
+            raise CheckpointError(f"no committed checkpoint for step {step}", path=src.where)
+        return load(step)
+    for cand in candidates(src):
         try:
-            return load(os.path.join(root, step_dir_name(cand)))
+            return load(cand)
         except CorruptCheckpoint as exc:
             warnings.warn(f"skipping corrupt checkpoint: {exc}", RuntimeWarning, stacklevel=3)
-    raise CheckpointError("no committed, verified checkpoint found", path=root)
+    raise CheckpointError("no committed, verified checkpoint found", path=src.where)
