@@ -34,7 +34,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from workload import SHAPES, RunSpec  # noqa: E402
+from workload import SHAPES, RunSpec, n_params  # noqa: E402
 
 PEERS = ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload"]
 PRESETS: dict[str, dict[str, Any]] = {
@@ -64,6 +64,25 @@ PRESETS: dict[str, dict[str, Any]] = {
         "steps": 3,
         "warmup": 3,  # carina's 2 profiling steps and one planned step are not timed
         "systems": ["plain", *PEERS],
+    },
+    "h200-1b": {  # the lane's one-run comparison: every peer at 1.1B / 8 GiB / 8k, plain uncapped as reference
+        "shape": "1b",
+        "tokens": [8192],
+        "budget": 8.0,
+        "seq_len": 2048,
+        "steps": 3,
+        "warmup": 3,
+        "systems": PEERS,
+    },
+    "h200-7b16l": {  # the 7B shape truncated to 16 layers (3.50B parameters), as S2: 24 GiB / 8k
+        "shape": "7b",
+        "layers": 16,
+        "tokens": [8192],
+        "budget": 24.0,
+        "seq_len": 2048,
+        "steps": 3,
+        "warmup": 3,
+        "systems": PEERS,
     },
     "h100-3b-check": {
         "shape": "3b",
@@ -103,29 +122,25 @@ def calibrate(timeout: float) -> dict[str, float]:
         return dict(json.loads(out.read_text()))
 
 
-def n_params(spec: RunSpec) -> int:
-    from workload import llama_config
+def ideal_step_s(base: RunSpec, timeout: float) -> tuple[float | None, str, dict[str, Any] | None]:
+    """Unlimited-memory step time: measured when plain fits uncapped, else extrapolated from 4 and 8 layers.
 
-    cfg = llama_config(spec)
-    h, inter, layers, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
-    return layers * (4 * h * h + 3 * h * inter + 2 * h) + 2 * vocab * h + h
-
-
-def ideal_step_s(base: RunSpec, timeout: float) -> tuple[float | None, str]:
-    """Unlimited-memory step time: measured when plain fits uncapped, else extrapolated from 4 and 8 layers."""
+    The third value is the uncapped plain run when it ran: the loss reference of every system.
+    """
     full = run_one(replace(base, system="plain", gpu_budget_gib=None), timeout)
     if full["status"] == "ok":
-        return base.tokens_per_step / full["tokens_per_s"], "measured (plain PyTorch, uncapped)"
+        return base.tokens_per_step / full["tokens_per_s"], "measured (plain PyTorch, uncapped)", full
     points = []
     for layers in (4, 8):
         res = run_one(replace(base, system="plain", gpu_budget_gib=None, layers=layers), timeout)
         if res["status"] != "ok":
-            return None, f"plain PyTorch could not run {layers} layers: {res['reason']}"
+            return None, f"plain PyTorch could not run {layers} layers: {res['reason']}", None
         points.append((layers, base.tokens_per_step / res["tokens_per_s"]))
     (l4, t4), (l8, t8) = points
     slope = (t8 - t4) / (l8 - l4)
-    layers = SHAPES[base.shape]["num_hidden_layers"]
-    return t4 + slope * (layers - l4), f"extrapolated from {l4}/{l8}-layer truncations ({full['reason'][:80]})"
+    layers = base.layers or SHAPES[base.shape]["num_hidden_layers"]
+    how = f"extrapolated from {l4}/{l8}-layer truncations ({full['reason'][:80]})"
+    return t4 + slope * (layers - l4), how, None
 
 
 def roofline_step_s(spec: RunSpec, ideal_s: float | None, calib: dict[str, float]) -> float | None:
@@ -162,6 +177,7 @@ def main() -> None:
         base = RunSpec(
             system="plain",
             shape=preset["shape"],
+            layers=preset.get("layers"),
             tokens_per_step=tokens,
             seq_len=preset["seq_len"],
             gpu_budget_gib=preset["budget"],
@@ -175,6 +191,7 @@ def main() -> None:
             "ideal_s": None,
             "ideal_how": "not measured (the harness stopped before the ideal ran)",
             "roofline_s": None,
+            "reference": None,  # the uncapped plain run (the ideal's), once it ran
             "results": {},
         }
         rows.append(row)
@@ -187,7 +204,7 @@ def main() -> None:
             row["ideal_how"] = "not measured (--skip-ideal)"
         else:
             start = time.perf_counter()
-            row["ideal_s"], row["ideal_how"] = ideal_step_s(base, args.timeout)
+            row["ideal_s"], row["ideal_how"], row["reference"] = ideal_step_s(base, args.timeout)
             row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
             ideal = f"{tokens / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
             _say(f"ideal {tokens} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, resolve_device, timed_loop
+from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, n_params, resolve_device, timed_loop
 
 
 def _autocast(device: str) -> Any:
@@ -155,83 +155,26 @@ def run_torchao_cpu_offload(spec: RunSpec) -> RunResult:
     opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True, **OPTIM)
     result = timed_loop(spec, _hf_step(model, opt, device), device)
     result.settings = {
-        "optimizer": "CPUOffloadOptimizer(AdamW, fused=True)",
+        "optimizer": "CPUOffloadOptimizer(torch.optim.AdamW, fused=True), torchao " + _version("torchao"),
         "offload_gradients": False,
+        "on_the_gpu": "fp32 weights and gradients (" + _resident_note(spec) + ")",
         "activation_checkpointing": "HF gradient_checkpointing_enable()",
     }
     return result
 
 
-def _ds_config(spec: RunSpec, nvme: bool) -> dict[str, Any]:
-    rows = max(1, spec.tokens_per_step // spec.seq_len)
-    target = (
-        {"device": "nvme", "nvme_path": spec.nvme_path, "pin_memory": True}
-        if nvme
-        else {"device": "cpu", "pin_memory": True}
-    )
-    return {
-        "train_micro_batch_size_per_gpu": rows,
-        "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": OPTIM["lr"],
-                "betas": list(OPTIM["betas"]),
-                "weight_decay": OPTIM["weight_decay"],
-                "eps": OPTIM["eps"],
-            },
-        },
-        "zero_optimization": {
-            "stage": 3,
-            "offload_param": dict(target),
-            "offload_optimizer": dict(target),
-            "overlap_comm": True,
-            "contiguous_gradients": True,
-            "stage3_prefetch_bucket_size": 5e7,
-            "stage3_max_live_parameters": 1e9,
-        },
-        "aio": {"block_size": 1 << 20, "queue_depth": 32, "single_submit": False, "overlap_events": True},
-        "wall_clock_breakdown": False,
-    }
-
-
-def _run_deepspeed(spec: RunSpec, *, nvme: bool) -> RunResult:
-    device = resolve_device(spec.device)
-    if not device.startswith("cuda"):
-        return RunResult(spec=spec, status="unavailable", reason="DeepSpeed ZeRO offload needs a CUDA device")
-    if nvme and not spec.nvme_path:
-        return RunResult(spec=spec, status="unavailable", reason="no nvme_path for ZeRO-Infinity")
-    import deepspeed
-
-    cap_gpu(spec, device)
-    _init_single_process_group(device)
-    config = _ds_config(spec, nvme)
-    with deepspeed.zero.Init(config_dict_or_path=config, remote_device="nvme" if nvme else "cpu", pin_memory=True):
-        model = build_model(spec, device=None, checkpointing=True)
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
-
-    def step(tokens: Any) -> float:
-        tokens = tokens.to(device)
-        loss = engine(input_ids=tokens, labels=tokens).loss
-        engine.backward(loss)
-        engine.step()
-        return float(loss.detach())
-
-    result = timed_loop(spec, step, device)
-    result.settings = {"deepspeed_config": config, "activation_checkpointing": "HF gradient_checkpointing_enable()"}
-    result.versions["deepspeed"] = deepspeed.__version__
-    return result
-
-
 def run_deepspeed_zero3_offload(spec: RunSpec) -> RunResult:
     """DeepSpeed ZeRO-3 with offload_param and offload_optimizer to CPU (ZeRO-Offload), DeepSpeedCPUAdam."""
-    return _run_deepspeed(spec, nvme=False)
+    from systems_deepspeed import run_deepspeed
+
+    return run_deepspeed(spec, nvme=False)
 
 
 def run_deepspeed_zero_infinity(spec: RunSpec) -> RunResult:
     """DeepSpeed ZeRO-Infinity: parameters and optimizer states on NVMe."""
-    return _run_deepspeed(spec, nvme=True)
+    from systems_deepspeed import run_deepspeed
+
+    return run_deepspeed(spec, nvme=True)
 
 
 SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
@@ -242,6 +185,23 @@ SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
     "fsdp2_cpu_offload": run_fsdp2_cpu_offload,
     "torchao_cpu_offload": run_torchao_cpu_offload,
 }
+
+
+GPU_RESIDENT = ("plain", "torchao_cpu_offload")  # systems that keep fp32 weights and gradients on the GPU
+
+
+def _resident_note(spec: RunSpec) -> str:
+    """What a system that keeps fp32 weights and gradients on the GPU needs there, against the cap."""
+    need = 8 * n_params(spec) / 2**30
+    cap = f"the {spec.gpu_budget_gib:g} GiB cap" if spec.gpu_budget_gib else "no cap"
+    n = n_params(spec) / 1e9
+    return f"weights and gradients in fp32 take 8 B x {n:.2f}B parameters = {need:.1f} GiB, against {cap}"
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
 
 
 def _oom_detail(message: str) -> str:
@@ -271,7 +231,8 @@ def run(spec: RunSpec) -> RunResult:
         result = RunResult(spec=spec, status="unavailable", reason=f"not installed: {exc.name or exc}")
     except torch.OutOfMemoryError as exc:
         traceback.print_exc()
-        result = RunResult(spec=spec, status="failed", reason="out of memory: " + _oom_detail(str(exc)))
+        why = f"; {_resident_note(spec)}" if spec.system in GPU_RESIDENT else ""
+        result = RunResult(spec=spec, status="failed", reason="out of memory" + why + ": " + _oom_detail(str(exc)))
     except Exception as exc:
         last = traceback.format_exc().strip().splitlines()[-1]
         result = RunResult(spec=spec, status="failed", reason=f"{type(exc).__name__}: {last[:300]}")

@@ -85,6 +85,13 @@ def llama_config(spec: RunSpec) -> Any:
     )
 
 
+def n_params(spec: RunSpec) -> int:
+    """Parameters of the Llama shape of ``spec`` (untied head)."""
+    cfg = llama_config(spec)
+    h, inter, layers, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    return layers * (4 * h * h + 3 * h * inter + 2 * h) + 2 * vocab * h + h
+
+
 def build_model(spec: RunSpec, *, device: str | None = "cpu", checkpointing: bool = False) -> Any:
     """The Llama model of ``spec``, seeded, random init, fp32, on ``device`` (None: the caller's context)."""
     import contextlib
