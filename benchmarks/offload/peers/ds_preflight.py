@@ -38,7 +38,7 @@ def _check_cpu_adam() -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(1 << 20, generator=gen)
     grad = torch.randn(1 << 20, generator=gen)
-    hp = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+    hp: dict[str, Any] = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
     ours = torch.nn.Parameter(start.clone())
     theirs = torch.nn.Parameter(start.clone())
     t0 = time.perf_counter()
@@ -132,6 +132,7 @@ def _run_checks(aio_dir: str, timeout: float) -> dict[str, dict[str, Any]]:
             res = {"ok": False, "reason": f"{op} build did not finish in {timeout:g} s (killed)"}
         res["wall_s"] = time.perf_counter() - start
         results[op] = res
+        logs[op].close()
     return results
 
 

@@ -164,9 +164,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                     row["tokens"] / row[key],
                     j - width / 2,
                     j + 0.8 - width / 2,
-                    linestyles=style,
+                    linestyles=style,  # type: ignore[arg-type]
                     colors="black",
-                    label=label if j == 0 else None,
+                    label=label if j == 0 else "_nolegend_",
                 )
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [_config_name(r) for r in rows])
     ax.set_ylabel("tokens/s")

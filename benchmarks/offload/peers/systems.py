@@ -121,7 +121,7 @@ def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
     _init_single_process_group(device)
     mesh = init_device_mesh("cuda", (1,))
     model = build_model(spec, device="cpu", checkpointing=True)
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "mesh": mesh,
         "offload_policy": CPUOffloadPolicy(pin_memory=True),
         "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
