@@ -45,7 +45,11 @@ def test_harness_rows_records_table_and_plot(tiny_rows, tmp_path):
     ds = results["deepspeed_zero3_offload"]  # runs on DeepSpeed's CPU accelerator where it is installed
     assert (ds["status"], ds["reason"]) == ("unavailable", "not installed: deepspeed") or ds["status"] == "ok"
     paths = report.write_outputs(tiny_rows, {"cpu_adamw_params_per_s": 1e8}, command="test", out=tmp_path)
-    recs = load_records([p for p in paths if p.suffix == ".json"])
+    recs = load_records([p for p in paths if p.suffix == ".json" and not p.stem.endswith("_table")])
+    [table_rec] = load_records([p for p in paths if p.stem.endswith("_table")])
+    table_rows = {r["system"]: r for r in table_rec["metrics"]["rows"]}
+    assert table_rows["carina"]["loss_within_bf16"] == "yes" and table_rows["plain"]["loss_within_bf16"] == "–"
+    assert table_rows["torchao_cpu_offload"]["reason"] == "CPUOffloadOptimizer needs a CUDA device"
     assert {r["config"]["system"] for r in recs} == {
         "plain",
         "carina",

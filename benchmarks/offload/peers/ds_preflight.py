@@ -120,6 +120,14 @@ def _run_checks(aio_dir: str, timeout: float) -> dict[str, dict[str, Any]]:
         logs[op] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed with the process) files, not pipes: a verbose build never blocks on a full pipe
         cmd = [sys.executable, __file__, "--op", op, "--aio-dir", aio_dir]
         procs[op] = subprocess.Popen(cmd, stdout=logs[op], stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+    def stop(signum: int, frame: Any) -> None:  # killed from outside (the lane's timeout): take the builds along
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     results: dict[str, dict[str, Any]] = {}
     start = time.perf_counter()
     for op, proc in procs.items():
@@ -156,6 +164,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="folder for the preflight record")
     parser.add_argument("--op", choices=["cpu_adam", "async_io"], help="run one check in this process")
     parser.add_argument("--aio-dir", default=tempfile.gettempdir(), help="where the aio check writes 16 MiB")
+    parser.add_argument("--tag", default="", help="record name offload_peers_<tag>_deepspeed_preflight")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds for both builds together")
     args = parser.parse_args()
     if args.op:
@@ -172,16 +181,25 @@ def main() -> None:
         metrics["ops"] = {op: {"ok": False, "reason": "not installed: deepspeed"} for op in ("cpu_adam", "async_io")}
     else:
         metrics["ops"] = _run_checks(args.aio_dir, args.timeout)
-    write(metrics, args.out)
+    metrics["op_rows"] = [  # the ops as a list, for docs/offload.md's rows block
+        {"op": op, "ok": r["ok"], "build_and_load_s": round(r.get("build_and_load_s", 0.0), 1),
+         "reason": r.get("reason", "")[:300]}
+        for op, r in metrics["ops"].items()
+    ]  # fmt: skip
+    write(metrics, args.out, tag=args.tag)
     print(json.dumps({op: (r["ok"], r.get("reason", "")[:300]) for op, r in metrics["ops"].items()}))
 
 
-def write(metrics: dict[str, Any], out: Path) -> Path:
+def write(metrics: dict[str, Any], out: Path, *, tag: str = "") -> Path:
     """One carina bench record (no figures: this run measures nothing; it says what can run)."""
     from carina.core.bench import make_record, write_record
 
     record = make_record(
-        name=NAME, figures=[], config={"aio_dir": "scratch"}, metrics=metrics, command=" ".join(["python", *sys.argv])
+        name=NAME.replace("peers_", f"peers_{tag}_") if tag else NAME,
+        figures=[],
+        config={"aio_dir": "scratch"},
+        metrics=metrics,
+        command=" ".join(["python", *sys.argv]),
     )
     return write_record(record, directory=out)
 

@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--nvme-path", default=None, help="spill directory (adds ZeRO-Infinity and carina+nvme)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/<machine>)")
+    parser.add_argument("--tag", default="", help="prefix of every output's name (offload_peers_<tag>_...)")
     parser.add_argument("--skip-ideal", action="store_true", help="no ideal run (a diagnostic of the systems alone)")
     args = parser.parse_args()
     preset = PRESETS[args.preset]
@@ -187,6 +188,7 @@ def main() -> None:
         )
         row: dict[str, Any] = {
             "tokens": tokens,
+            "tag": args.tag,
             "base": asdict(base),
             "ideal_s": None,
             "ideal_how": "not measured (the harness stopped before the ideal ran)",

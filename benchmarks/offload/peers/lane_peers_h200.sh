@@ -29,6 +29,7 @@ if [ "$DEVICE" = cpu ]; then
 else
   PRESET=${PRESET:-h200-1b}; BUDGET=${BUDGET:-430}; PER_RUN=${PER_RUN:-100}; PREFLIGHT_S=${PREFLIGHT_S:-150}
 fi
+TAG=${TAG-s4}  # every output is named offload_peers_<TAG>_...: this run never overwrites an earlier one
 PY=${PY:-python3}
 SITE=${SITE:-/tmp/peers-site}
 WHL=${WHL:-.whl}
@@ -62,9 +63,9 @@ say "machine: $(nproc) cores; $(command -v g++ || echo 'no g++'); $(df -T "$NVME
 # 3. DeepSpeed preflight: versions, toolchain, cpu_adam and async_io built and used once; its record says
 #    what worked or the exact failure, and the harness gives a DeepSpeed row that failure as its reason.
 timeout --kill-after=5 $((PREFLIGHT_S + 10)) "$PY" benchmarks/offload/peers/ds_preflight.py --out "$DEST" \
-  --aio-dir "$NVME_DIR" --timeout "$PREFLIGHT_S"
+  --aio-dir "$NVME_DIR" --timeout "$PREFLIGHT_S" --tag "$TAG"
 say "preflight exit $?"
-export PEERS_DS_PREFLIGHT="$DEST/offload_peers_deepspeed_preflight.json"
+export PEERS_DS_PREFLIGHT="$DEST/offload_peers_${TAG:+${TAG}_}deepspeed_preflight.json"
 
 # 4. One harness run: every system on the same model, tokens and cap; the ideal and loss reference last.
 EXTRA=()
@@ -73,9 +74,9 @@ SYSTEMS=${SYSTEMS:-}
 T=$(left); [ "$T" -lt 20 ] && T=20
 # shellcheck disable=SC2086
 timeout --kill-after=5 "$T" "$PY" benchmarks/offload/peers/harness.py --preset "$PRESET" \
-  ${SYSTEMS:+--systems $SYSTEMS} --timeout "$PER_RUN" --out "$DEST" "${EXTRA[@]}"
+  ${SYSTEMS:+--systems $SYSTEMS} --timeout "$PER_RUN" --tag "$TAG" --out "$DEST" "${EXTRA[@]}"
 say "harness exit $?"
-cat "$DEST/offload_peers_summary.md" 2>/dev/null
+cat "$DEST"/offload_peers_*summary.md 2>/dev/null
 "$PY" - "$DEST" <<'PY' || true
 import json, pathlib, sys
 for p in sorted(pathlib.Path(sys.argv[1]).glob("offload_peers_*.json")):

@@ -49,7 +49,8 @@ def _config_name(row: dict[str, Any]) -> str:
     base = row["base"]
     budget = f"{base['gpu_budget_gib']:g}g" if base["gpu_budget_gib"] else "nocap"
     layers = f"{base['layers']}l" if base.get("layers") else ""
-    return f"{base['shape']}{layers}_{row['tokens']}tok_{budget}"
+    tag = f"{row['tag']}_" if row.get("tag") else ""  # a run's name prefix (--tag), so runs never overwrite
+    return f"{tag}{base['shape']}{layers}_{row['tokens']}tok_{budget}"
 
 
 def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -> list[dict[str, Any]]:
@@ -107,7 +108,41 @@ def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -
                     command=command,
                 )
             )
+        out.append(_table_record(row, out[-len(row["results"]) :], command))
     return out
+
+
+def _table_record(row: dict[str, Any], recs: list[dict[str, Any]], command: str) -> dict[str, Any]:
+    """One record per configuration whose ``metrics.rows`` is every system's line, failed ones with their
+    reason, and its loss check: what docs/offload.md renders (``<!-- rows: ... -->``)."""
+    lines = []
+    for rec in recs:
+        m, figs = rec["metrics"], rec["figures"]
+        check = m.get("loss_check") or {}
+        peers = figs[0]["peers"] if figs else {}
+        best = max((v["value"] for k, v in peers.items() if not k.startswith("ideal")), default=None)
+        lines.append(
+            {
+                "system": rec["config"]["system"],
+                "status": m["status"],
+                "tokens_per_s": round(figs[0]["value"]) if figs else "–",
+                "vs_best_other": round(figs[0]["value"] / best, 2) if figs and best else "–",
+                "vs_ideal": round(figs[0]["value"] / m["ideal_tokens_per_s"], 2)
+                if figs and m.get("ideal_tokens_per_s")
+                else "–",
+                "loss_within_bf16": {True: "yes", False: "no", None: "–"}[check.get("within")],
+                "loss_max_abs_diff": check.get("max_abs_diff", "–"),
+                "loss_drift": check.get("drift", "–"),
+                "reason": m.get("reason", "")[:220],
+            }
+        )
+    return make_record(
+        name=f"offload_peers_{_config_name(row)}_table",
+        figures=[],
+        config=row["base"] | {"system": "all (table)"},
+        metrics={"rows": lines, "ideal_how": row["ideal_how"], "loss_reference": _reference(row)[1]},
+        command=command,
+    )
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -181,8 +216,9 @@ def write_outputs(
     recs = records(rows, calib, command)
     paths = [write_record(r, directory=out) for r in recs]
     folder = out or results_dir(recs[0]["machine"]["label"])
-    md = folder / "offload_peers_summary.md"
+    tag = f"{rows[0]['tag']}_" if rows and rows[0].get("tag") else ""
+    md = folder / f"offload_peers_{tag}summary.md"
     md.write_text(f"Command: `{command}`\n\n" + summary(rows))
-    png = folder / "offload_peers.png"
+    png = folder / f"offload_peers_{tag}plot.png" if tag else folder / "offload_peers.png"
     plot(rows, png)
     return [*paths, md, png]
