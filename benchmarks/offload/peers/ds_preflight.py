@@ -65,14 +65,19 @@ def _check_async_io(aio_dir: str) -> dict[str, Any]:
     aio = builder.load(verbose=False)
     build_s = time.perf_counter() - t0
     handle = aio.aio_handle(1 << 20, 8, False, True, 1)  # block size, queue depth, single submit, overlap, threads
-    src = torch.randint(0, 255, (16 << 20,), dtype=torch.uint8).pin_memory()
-    dst = torch.zeros_like(src).pin_memory()
+    # page-locked, page-aligned buffers from DeepSpeed's own allocator (O_DIRECT needs the alignment)
+    src = handle.new_cpu_locked_tensor(16 << 20, torch.empty(0, dtype=torch.uint8))
+    dst = handle.new_cpu_locked_tensor(16 << 20, torch.empty(0, dtype=torch.uint8))
+    src.copy_(torch.randint(0, 255, (16 << 20,), dtype=torch.uint8))
+    dst.zero_()
     Path(aio_dir).mkdir(parents=True, exist_ok=True)
     path = str(Path(aio_dir) / "ds_preflight.bin")
     handle.sync_pwrite(src, path)
     handle.sync_pread(dst, path)
     os.unlink(path)
     same = bool(torch.equal(src, dst))
+    handle.free_cpu_locked_tensor(src)
+    handle.free_cpu_locked_tensor(dst)
     return {"ok": same, "build_and_load_s": build_s, "roundtrip_bitwise_equal": same, "aio_dir": aio_dir}
 
 

@@ -41,6 +41,8 @@ left() { echo $((BUDGET - ($(date +%s) - T0))); }
 say() { echo "[lane $LANE $(($(date +%s) - T0))s] $*"; }
 export PYTHONPATH="$SITE:$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/peers-torch-ext}
+# nvcc 13.0 against torch's CUDA 13.0: DeepSpeed's minor-version check is skipped as on the H100 (session 1).
+export DS_SKIP_CUDA_CHECK=1
 
 # 1. Wheels into SITE (skipped when SITE already holds deepspeed: the CPU proof installs its cp311 set first).
 if ! PYTHONPATH="$SITE" "$PY" -c "import deepspeed" 2>/dev/null; then
