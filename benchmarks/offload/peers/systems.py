@@ -237,4 +237,5 @@ def run(spec: RunSpec) -> RunResult:
         last = traceback.format_exc().strip().splitlines()[-1]
         result = RunResult(spec=spec, status="failed", reason=f"{type(exc).__name__}: {last[:300]}")
     result.versions["torch"] = torch.__version__
+    result.versions["transformers"] = _version("transformers")
     return result

@@ -147,7 +147,14 @@ def run_deepspeed(spec: RunSpec, *, nvme: bool) -> RunResult:
         "accelerator": _accelerator_name(),
     }
     result.versions["deepspeed"] = deepspeed.__version__
+    result.versions["pydantic"] = _pydantic_version()
     return result
+
+
+def _pydantic_version() -> str:
+    import pydantic
+
+    return str(pydantic.VERSION)
 
 
 def _accelerator_name() -> str:
