@@ -72,7 +72,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seq_len": 2048,
         "steps": 3,
         "warmup": 3,
-        "systems": PEERS,
+        "systems": [*PEERS, "torchao_cpu_offload_grads"],
     },
     "h200-7b16l": {  # the 7B shape truncated to 16 layers (3.50B parameters), as S2: 24 GiB / 8k
         "shape": "7b",
@@ -82,7 +82,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "seq_len": 2048,
         "steps": 3,
         "warmup": 3,
-        "systems": PEERS,
+        "ideal_first": True,  # the loss reference before the slow systems: a lane cut short still checks them
+        "systems": [
+            "carina",
+            "deepspeed_zero3_offload",
+            "fsdp2_cpu_offload",
+            "torchao_cpu_offload_grads",
+            "torchao_cpu_offload",
+        ],
     },
     "h100-3b-check": {
         "shape": "3b",
@@ -197,6 +204,8 @@ def main() -> None:
             "results": {},
         }
         rows.append(row)
+        if preset.get("ideal_first") and not args.skip_ideal:
+            _run_ideal(row, base, calib, args.timeout)
         for system in systems:
             start = time.perf_counter()
             row["results"][system] = result = run_one(replace(base, system=system), args.timeout)
@@ -204,14 +213,19 @@ def main() -> None:
             _write(rows, calib, command, args.out)
         if args.skip_ideal:
             row["ideal_how"] = "not measured (--skip-ideal)"
-        else:
-            start = time.perf_counter()
-            row["ideal_s"], row["ideal_how"], row["reference"] = ideal_step_s(base, args.timeout)
-            row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
-            ideal = f"{tokens / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
-            _say(f"ideal {tokens} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")
+        elif not preset.get("ideal_first"):
+            _run_ideal(row, base, calib, args.timeout)
         for path in _write(rows, calib, command, args.out):
             print(path)
+
+
+def _run_ideal(row: dict[str, Any], base: RunSpec, calib: dict[str, float], timeout: float) -> None:
+    """Measure the ideal (and the loss reference) of ``row`` in place."""
+    start = time.perf_counter()
+    row["ideal_s"], row["ideal_how"], row["reference"] = ideal_step_s(base, timeout)
+    row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
+    ideal = f"{row['tokens'] / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
+    _say(f"ideal {row['tokens']} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")
 
 
 def _say(line: str) -> None:

@@ -54,13 +54,14 @@ def _config_name(row: dict[str, Any]) -> str:
 
 
 def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -> list[dict[str, Any]]:
-    out = []
+    out: list[dict[str, Any]] = []
     for row in rows:
         tokens = row["tokens"]
         ideal = tokens / row["ideal_s"] if row["ideal_s"] else None
         roof = tokens / row["roofline_s"] if row["roofline_s"] else None
         ok = {s: r["tokens_per_s"] for s, r in row["results"].items() if r["status"] == "ok"}
         reference, source = _reference(row)
+        first = len(out)  # this configuration's records start here
         for system, result in row["results"].items():
             figures = []
             if result["status"] == "ok":
@@ -108,7 +109,7 @@ def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -
                     command=command,
                 )
             )
-        out.append(_table_record(row, out[-len(row["results"]) :], command))
+        out.append(_table_record(row, out[first:], command))
     return out
 
 
