@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The peer comparison in ONE harness run, as one lane of benchmarks/h100_combined.sh: carina, DeepSpeed
 # ZeRO-3 offload (ZeRO-Offload, DeepSpeedCPUAdam), FSDP2 CPUOffloadPolicy and torchao's CPUOffloadOptimizer
-# on the 1.1B Llama at 8k tokens under an 8 GiB cap (preset h200-1b), then plain PyTorch uncapped (the ideal
+# (as is, and with offload_gradients=True) on the 1.1B Llama at 8k tokens under an 8 GiB cap (preset h200-1b), then plain PyTorch uncapped (the ideal
 # and every system's loss reference), the summary table and the PNG.
 #
 # HARD BUDGET: BUDGET=430 s for the whole lane (give the lane >= 440 s): wheels ~10 s; DeepSpeed preflight
 # (cpu_adam + async_io JIT builds at once, one use of each) <= 150 s; the harness gets what is left, 100 s
-# per system run (expected: calibration 10, carina 55, DeepSpeed 45, FSDP2 45, torchao 20, ideal 30).
+# per system run (expected: calibration 10, carina 55, DeepSpeed 45-60, FSDP2 45, torchao 20 (out of memory),
+# torchao with offload_gradients 35, ideal 30: ~340 s in all).
 # Every record is written into $OUT/$LANE/ as soon as its step ends (the harness rewrites the table, the
 # plot and the records after each system), so a kill loses only what had not run.
 #
@@ -15,7 +16,7 @@
 # typing-extensions, and Debian 12's libaio1 + libaio-dev .debs, unpacked to a prefix, never to /).
 #
 # Usage (repository root): OUT=<dir> bash benchmarks/offload/peers/lane_peers_h200.sh
-#   PRESET=h200-7b16l LANE=peers7b BUDGET=560 PER_RUN=150: the 7B-shape lane (lane_peers_h200_7b.sh)
+#   PRESET=h200-7b16l LANE=peers7b BUDGET=575 PER_RUN=150: the 7B-shape lane (lane_peers_h200_7b.sh)
 #   NVME_DIR=<dir on a disk>: where the aio check writes (O_DIRECT: not tmpfs); NVME=1 adds ZeRO-Infinity
 # CPU proof (tiny model, run on the CPU machine; wheels installed beforehand into SITE):
 #   DEVICE=cpu PY=/work/main/.venv/bin/python SITE=/tmp/dssite OUT=/tmp/o bash <this script>
