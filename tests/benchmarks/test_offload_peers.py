@@ -1,6 +1,7 @@
 """The peer harness of benchmarks/offload/peers runs every system, and never drops one silently."""
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -136,3 +137,19 @@ def test_deepspeed_config_follows_the_docs():
 def test_config_names_carry_the_layer_cut():
     row = {"base": asdict(RunSpec(system="plain", shape="7b", layers=16, gpu_budget_gib=24.0)), "tokens": 8192}
     assert report._config_name(row) == "7b16l_8192tok_24g"
+
+
+@pytest.mark.slow
+def test_systems_past_the_budget_are_rows_with_the_reason(tmp_path):
+    import subprocess
+
+    cmd = [sys.executable, str(REPO / "benchmarks/offload/peers/harness.py"), "--preset", "ci", "--systems", "plain",
+           "carina", "--budget", "1", "--tag", "t", "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    [table] = load_records(tmp_path / "offload_peers_t_tiny_256tok_nocap_table.json")
+    assert [(r["system"], r["status"]) for r in table["metrics"]["rows"]] == [
+        ("plain", "not run"),
+        ("carina", "not run"),
+    ]
+    assert all("budget" in r["reason"] for r in table["metrics"]["rows"])
+    assert (tmp_path / "offload_peers_t_summary.md").exists() and (tmp_path / "offload_peers_t_plot.png").exists()

@@ -169,6 +169,13 @@ def main() -> None:
     parser.add_argument("--nvme-path", default=None, help="spill directory (adds ZeRO-Infinity and carina+nvme)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/<machine>)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for the whole harness (each run gets "
+        "at most what is left; a system with under 20 s left is a 'not run' row with that reason)",
+    )
     parser.add_argument("--tag", default="", help="prefix of every output's name (offload_peers_<tag>_...)")
     parser.add_argument("--skip-ideal", action="store_true", help="no ideal run (a diagnostic of the systems alone)")
     args = parser.parse_args()
@@ -177,7 +184,7 @@ def main() -> None:
     if args.nvme_path and "deepspeed_zero_infinity" not in systems:
         systems.append("deepspeed_zero_infinity")
     command = " ".join(["python", *sys.argv])
-    start = time.perf_counter()
+    start = t0 = time.perf_counter()
     calib = calibrate(args.timeout)
     _say(f"calibrate: {json.dumps({k: round(v, 2) for k, v in calib.items()})} in {time.perf_counter() - start:.0f} s")
     rows: list[dict[str, Any]] = []
@@ -205,18 +212,31 @@ def main() -> None:
         }
         rows.append(row)
         if preset.get("ideal_first") and not args.skip_ideal:
-            _run_ideal(row, base, calib, args.timeout)
+            _run_ideal(row, base, calib, _time_left(args, t0))
         for system in systems:
             start = time.perf_counter()
-            row["results"][system] = result = run_one(replace(base, system=system), args.timeout)
+            limit = _time_left(args, t0)
+            if limit < 20:
+                why = f"not run: {limit:.0f} s left of the harness's {args.budget:g} s budget"
+                result = {"spec": asdict(replace(base, system=system)), "status": "not run", "reason": why}
+            else:
+                result = run_one(replace(base, system=system), limit)
+            row["results"][system] = result
             _say(f"{system} {tokens} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
             _write(rows, calib, command, args.out)
         if args.skip_ideal:
             row["ideal_how"] = "not measured (--skip-ideal)"
-        elif not preset.get("ideal_first"):
-            _run_ideal(row, base, calib, args.timeout)
+        elif not preset.get("ideal_first") and _time_left(args, t0) >= 20:
+            _run_ideal(row, base, calib, _time_left(args, t0))
         for path in _write(rows, calib, command, args.out):
             print(path)
+
+
+def _time_left(args: argparse.Namespace, t0: float) -> float:
+    """Seconds the next run may take: the per-run limit, within what is left of the harness's budget."""
+    if args.budget is None:
+        return float(args.timeout)
+    return float(min(args.timeout, args.budget - (time.perf_counter() - t0) - 5))
 
 
 def _run_ideal(row: dict[str, Any], base: RunSpec, calib: dict[str, float], timeout: float) -> None:

@@ -74,10 +74,10 @@ export PEERS_DS_PREFLIGHT="$DEST/offload_peers_${TAG:+${TAG}_}deepspeed_prefligh
 EXTRA=()
 [ "${NVME:-0}" = 1 ] && EXTRA=(--nvme-path "$NVME_DIR")
 SYSTEMS=${SYSTEMS:-}
-T=$(left); [ "$T" -lt 20 ] && T=20
+T=$(left); [ "$T" -lt 30 ] && T=30
 # shellcheck disable=SC2086
 timeout --kill-after=5 "$T" "$PY" benchmarks/offload/peers/harness.py --preset "$PRESET" \
-  ${SYSTEMS:+--systems $SYSTEMS} --timeout "$PER_RUN" --tag "$TAG" --out "$DEST" "${EXTRA[@]}"
+  ${SYSTEMS:+--systems $SYSTEMS} --timeout "$PER_RUN" --budget $((T - 10)) --tag "$TAG" --out "$DEST" "${EXTRA[@]}"
 say "harness exit $?"
 cat "$DEST"/offload_peers_*summary.md 2>/dev/null
 "$PY" - "$DEST" <<'PY' || true
