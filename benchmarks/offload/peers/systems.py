@@ -198,18 +198,19 @@ SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
 }
 
 
-GPU_RESIDENT = ("plain", "torchao_cpu_offload", "torchao_cpu_offload_grads")  # fp32 weights stay on the GPU
+_ON_GPU = {  # bytes per parameter a system keeps on the GPU, and what they are
+    "plain": (16, "fp32 weights, gradients and both AdamW states"),
+    "torchao_cpu_offload": (8, "fp32 weights and gradients"),
+    "torchao_cpu_offload_grads": (4, "fp32 weights"),
+}
 
 
 def _resident_note(spec: RunSpec) -> str:
-    """What a system that keeps fp32 weights (and gradients) on the GPU needs there, against the cap."""
-    grads = spec.system != "torchao_cpu_offload_grads"
-    per = 8 if grads else 4
-    need = per * n_params(spec) / 2**30
+    """What a system that keeps fp32 state on the GPU needs there, against the cap."""
+    per, what = _ON_GPU[spec.system]
     cap = f"the {spec.gpu_budget_gib:g} GiB cap" if spec.gpu_budget_gib else "no cap"
-    n = n_params(spec) / 1e9
-    what = "weights and gradients" if grads else "weights"
-    return f"{what} in fp32 take {per} B x {n:.2f}B parameters = {need:.1f} GiB, against {cap}"
+    n = n_params(spec)
+    return f"{what} take {per} B x {n / 1e9:.2f}B parameters = {per * n / 2**30:.1f} GiB, against {cap}"
 
 
 def _version(package: str) -> str:
@@ -245,7 +246,7 @@ def run(spec: RunSpec) -> RunResult:
         result = RunResult(spec=spec, status="unavailable", reason=f"not installed: {exc.name or exc}")
     except torch.OutOfMemoryError as exc:
         traceback.print_exc()
-        why = f"; {_resident_note(spec)}" if spec.system in GPU_RESIDENT else ""
+        why = f"; {_resident_note(spec)}" if spec.system in _ON_GPU else ""
         result = RunResult(spec=spec, status="failed", reason="out of memory" + why + ": " + _oom_detail(str(exc)))
     except Exception as exc:
         last = traceback.format_exc().strip().splitlines()[-1]
