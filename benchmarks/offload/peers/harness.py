@@ -162,7 +162,7 @@ def roofline_step_s(spec: RunSpec, ideal_s: float | None, calib: dict[str, float
     )
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
     parser.add_argument("--systems", nargs="*", help="override the preset's systems")
@@ -178,15 +178,19 @@ def main() -> None:
     )
     parser.add_argument("--tag", default="", help="prefix of every output's name (offload_peers_<tag>_...)")
     parser.add_argument("--skip-ideal", action="store_true", help="no ideal run (a diagnostic of the systems alone)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _args()
     preset = PRESETS[args.preset]
     systems = args.systems or list(preset["systems"])
     if args.nvme_path and "deepspeed_zero_infinity" not in systems:
         systems.append("deepspeed_zero_infinity")
     command = " ".join(["python", *sys.argv])
-    start = t0 = time.perf_counter()
+    t0 = time.perf_counter()
     calib = calibrate(args.timeout)
-    _say(f"calibrate: {json.dumps({k: round(v, 2) for k, v in calib.items()})} in {time.perf_counter() - start:.0f} s")
+    _say(f"calibrate: {json.dumps({k: round(v, 2) for k, v in calib.items()})} in {time.perf_counter() - t0:.0f} s")
     rows: list[dict[str, Any]] = []
     for tokens in preset["tokens"]:
         base = RunSpec(
@@ -211,25 +215,39 @@ def main() -> None:
             "results": {},
         }
         rows.append(row)
-        if preset.get("ideal_first") and not args.skip_ideal:
-            _run_ideal(row, base, calib, _time_left(args, t0))
-        for system in systems:
-            start = time.perf_counter()
-            limit = _time_left(args, t0)
-            if limit < 20:
-                why = f"not run: {limit:.0f} s left of the harness's {args.budget:g} s budget"
-                result = {"spec": asdict(replace(base, system=system)), "status": "not run", "reason": why}
-            else:
-                result = run_one(replace(base, system=system), limit)
-            row["results"][system] = result
-            _say(f"{system} {tokens} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
-            _write(rows, calib, command, args.out)
-        if args.skip_ideal:
-            row["ideal_how"] = "not measured (--skip-ideal)"
-        elif not preset.get("ideal_first") and _time_left(args, t0) >= 20:
-            _run_ideal(row, base, calib, _time_left(args, t0))
+        _run_configuration(rows, base, systems, calib, args, t0, command)
         for path in _write(rows, calib, command, args.out):
             print(path)
+
+
+def _run_configuration(
+    rows: list[dict[str, Any]],
+    base: RunSpec,
+    systems: list[str],
+    calib: dict[str, float],
+    args: argparse.Namespace,
+    t0: float,
+    command: str,
+) -> None:
+    """Every system on the last row's configuration, and the ideal first or last as the preset says."""
+    row, ideal_first = rows[-1], bool(PRESETS[args.preset].get("ideal_first"))
+    if ideal_first and not args.skip_ideal:
+        _run_ideal(row, base, calib, _time_left(args, t0))
+    for system in systems:
+        start = time.perf_counter()
+        limit = _time_left(args, t0)
+        if limit < 20:
+            why = f"not run: {limit:.0f} s left of the harness's {args.budget:g} s budget"
+            result = {"spec": asdict(replace(base, system=system)), "status": "not run", "reason": why}
+        else:
+            result = run_one(replace(base, system=system), limit)
+        row["results"][system] = result
+        _say(f"{system} {row['tokens']} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
+        _write(rows, calib, command, args.out)
+    if args.skip_ideal:
+        row["ideal_how"] = "not measured (--skip-ideal)"
+    elif not ideal_first and _time_left(args, t0) >= 20:
+        _run_ideal(row, base, calib, _time_left(args, t0))
 
 
 def _time_left(args: argparse.Namespace, t0: float) -> float:

@@ -22,31 +22,21 @@ from typing import Any
 from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, llama_config, resolve_device, timed_loop
 
 
+def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``offload_param`` and ``offload_optimizer``: pinned CPU memory, or NVMe with the tutorial's buffers."""
+    if not nvme:
+        return {"device": "cpu", "pin_memory": True}, {"device": "cpu", "pin_memory": True}
+    common = {"device": "nvme", "nvme_path": spec.nvme_path, "pin_memory": True}
+    param = common | {"buffer_count": 5, "buffer_size": int(1e8), "max_in_cpu": int(1e9)}
+    optim = common | {"buffer_count": 4, "pipeline_read": False, "pipeline_write": False, "fast_init": False}
+    return param, optim
+
+
 def ds_config(spec: RunSpec, *, nvme: bool) -> dict[str, Any]:
     """The DeepSpeed config of ``spec`` (ZeRO-3; CPU offload, or NVMe when ``nvme``)."""
     hidden = llama_config(spec).hidden_size
     rows = max(1, spec.tokens_per_step // spec.seq_len)
-    if nvme:
-        param = {
-            "device": "nvme",
-            "nvme_path": spec.nvme_path,
-            "pin_memory": True,
-            "buffer_count": 5,
-            "buffer_size": int(1e8),
-            "max_in_cpu": int(1e9),
-        }
-        optim = {
-            "device": "nvme",
-            "nvme_path": spec.nvme_path,
-            "pin_memory": True,
-            "buffer_count": 4,
-            "pipeline_read": False,
-            "pipeline_write": False,
-            "fast_init": False,
-        }
-    else:
-        param = {"device": "cpu", "pin_memory": True}
-        optim = {"device": "cpu", "pin_memory": True}
+    param, optim = _offload_targets(spec, nvme)
     return {
         "train_micro_batch_size_per_gpu": rows,
         "gradient_accumulation_steps": 1,
