@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The peer comparison in ONE harness run, as one lane of benchmarks/h100_combined.sh: carina, DeepSpeed
-# ZeRO-3 offload (ZeRO-Offload, DeepSpeedCPUAdam), FSDP2 CPUOffloadPolicy and torchao's CPUOffloadOptimizer
-# (as is, and with offload_gradients=True) on the 1.1B Llama at 8k tokens under an 8 GiB cap (preset h200-1b), then plain PyTorch uncapped (the ideal
-# and every system's loss reference), the summary table and the PNG.
+# The peer comparison in ONE harness run, as one lane of benchmarks/h100_combined.sh (lane name: peers):
+# plain PyTorch uncapped first (the ideal and every system's loss reference), then carina, DeepSpeed ZeRO-3
+# offload (ZeRO-Offload, DeepSpeedCPUAdam), FSDP2 CPUOffloadPolicy and torchao's CPUOffloadOptimizer (as is,
+# and with offload_gradients=True) on the 1.1B Llama at 8k tokens under an 8 GiB cap (preset h200-1b); the
+# summary table and the PNG.
 #
 # HARD BUDGET: BUDGET=430 s for the whole lane (give the lane >= 440 s): wheels ~10 s; DeepSpeed preflight
 # (cpu_adam + async_io JIT builds at once, one use of each) <= 150 s; the harness gets what is left, 100 s
