@@ -9,8 +9,10 @@ record per (system, configuration), ``offload_peers_summary.md`` and ``offload_p
 
 Each system's records (and the table and plot, so far) are written as soon as that system finishes, and
 each run prints one line with its outcome and wall time, so a harness stopped by an outer time limit keeps
-what it measured. The ideal runs after the systems of its configuration; records written before it carry
-no ideal and are rewritten with it.
+what it measured. The ideal runs after the systems of its configuration (before them in presets with
+``ideal_first``: its plain run is every system's loss reference); records written before it carry no
+ideal and are rewritten with it. ``--budget`` bounds the whole run: a system left without time is a
+``not run`` row with that reason.
 
 Ideal: plain PyTorch with unlimited memory; when the model does not fit, its step time is
 extrapolated from 4- and 8-layer truncations (time = a + b·layers). Roofline: the step cannot
