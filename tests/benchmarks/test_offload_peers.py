@@ -153,3 +153,25 @@ def test_systems_past_the_budget_are_rows_with_the_reason(tmp_path):
     ]
     assert all("budget" in r["reason"] for r in table["metrics"]["rows"])
     assert (tmp_path / "offload_peers_t_summary.md").exists() and (tmp_path / "offload_peers_t_plot.png").exists()
+
+
+def test_preflight_keeps_the_compilers_own_words(tmp_path):
+    import ds_preflight
+
+    log = tmp_path / "build.log"
+    log.write_text(
+        "[1/3] c++ -MMD -c cpu_adam.cpp\n"
+        "cpu_adam.cpp:1:10: fatal error: Python.h: No such file or directory\n"
+        "ninja: build stopped: subcommand failed.\n"
+        '{"ok": false, "reason": "cpu_adam: RuntimeError: Error building extension \'cpu_adam\'"}\n'
+    )
+    with log.open() as f:
+        res = ds_preflight._parse("cpu_adam", 0, f)
+    assert res["ok"] is False and res["reason"].startswith("cpu_adam: RuntimeError: Error building extension")
+    assert "fatal error: Python.h: No such file or directory" in res["reason"]  # the row's reason says why
+    assert any("Python.h: No such file" in line for line in res["log_tail"])
+    log.write_text("Segmentation fault\n")
+    with log.open() as f:
+        res = ds_preflight._parse("async_io", -11, f)
+    assert res["reason"] == "async_io failed (exit -11): Segmentation fault"
+    assert ds_preflight.load(None) is None and ds_preflight.load(tmp_path / "absent.json") is None

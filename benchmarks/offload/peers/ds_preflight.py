@@ -150,17 +150,21 @@ def _run_checks(aio_dir: str, timeout: float) -> dict[str, dict[str, Any]]:
 
 
 def _parse(op: str, returncode: int, log_file: Any) -> dict[str, Any]:
+    """The check's JSON (its last line); a failure's reason ends with the build's own error lines."""
     log_file.seek(0)
-    log = log_file.read()
-    last = log.strip().splitlines()[-1] if log.strip() else ""
+    lines = log_file.read().strip().splitlines()
+    res: dict[str, Any] = {"ok": False}
     try:
-        res = dict(json.loads(last))
+        if lines:
+            res = dict(json.loads(lines[-1]))
+            lines = lines[:-1]
     except json.JSONDecodeError:
         res = {"ok": False}
     if not res.get("ok"):
-        lines = _failure_lines(log)
-        res.setdefault("reason", f"{op} failed (exit {returncode}): " + " | ".join(lines)[:600])
-        res["log_tail"] = log.strip().splitlines()[-40:]
+        head = str(res.get("reason") or f"{op} failed (exit {returncode})")
+        words = _failure_lines("\n".join(lines))
+        res["reason"] = (head + (": " + " | ".join(words) if words else ""))[:700]
+        res["log_tail"] = lines[-40:]
     return res
 
 
