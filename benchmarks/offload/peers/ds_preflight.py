@@ -128,8 +128,7 @@ def _run_checks(aio_dir: str, timeout: float) -> dict[str, dict[str, Any]]:
 
     def stop(signum: int, frame: Any) -> None:  # killed from outside (the lane's timeout): take the builds along
         for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+            _kill_session(p.pid)
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -140,13 +139,27 @@ def _run_checks(aio_dir: str, timeout: float) -> dict[str, dict[str, Any]]:
             proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - start)))
             res = _parse(op, proc.returncode, logs[op])
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the build's ninja and compilers too
+            _kill_session(proc.pid)  # the build's ninja and compilers too
             proc.wait()
             res = {"ok": False, "reason": f"{op} build did not finish in {timeout:g} s (killed)"}
         res["wall_s"] = time.perf_counter() - start
         results[op] = res
         logs[op].close()
     return results
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (a check started with ``start_new_session``): ninja runs each
+    compiler in a process group of its own, so killing the check's group would leave them running."""
+    for _ in range(2):  # a second pass for what ninja started during the first
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
 
 
 def _parse(op: str, returncode: int, log_file: Any) -> dict[str, Any]:
