@@ -119,7 +119,7 @@ def _failure_lines(log: str) -> list[str]:
 
 
 def _run_checks(aio_dir: str, timeout: float) -> dict[str, dict[str, Any]]:
-    """Both op checks at once, each in its own process group under ``timeout`` seconds in all."""
+    """Both op checks at once, each in its own session under ``timeout`` seconds in all."""
     procs, logs = {}, {}
     for op in ("cpu_adam", "async_io"):
         logs[op] = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed with the process) files, not pipes: a verbose build never blocks on a full pipe
