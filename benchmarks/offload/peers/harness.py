@@ -9,8 +9,10 @@ record per (system, configuration), ``offload_peers_summary.md`` and ``offload_p
 
 Each system's records (and the table and plot, so far) are written as soon as that system finishes, and
 each run prints one line with its outcome and wall time, so a harness stopped by an outer time limit keeps
-what it measured. The ideal runs after the systems of its configuration; records written before it carry
-no ideal and are rewritten with it.
+what it measured. The ideal runs after the systems of its configuration (before them in presets with
+``ideal_first``: its plain run is every system's loss reference); records written before it carry no
+ideal and are rewritten with it. ``--budget`` bounds the whole run: a system left without time is a
+``not run`` row with that reason.
 
 Ideal: plain PyTorch with unlimited memory; when the model does not fit, its step time is
 extrapolated from 4- and 8-layer truncations (time = a + b·layers). Roofline: the step cannot
@@ -34,7 +36,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from workload import SHAPES, RunSpec  # noqa: E402
+from workload import SHAPES, RunSpec, n_params  # noqa: E402
 
 PEERS = ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload"]
 PRESETS: dict[str, dict[str, Any]] = {
@@ -64,6 +66,33 @@ PRESETS: dict[str, dict[str, Any]] = {
         "steps": 3,
         "warmup": 3,  # carina's 2 profiling steps and one planned step are not timed
         "systems": ["plain", *PEERS],
+    },
+    "h200-1b": {  # the lane's one-run comparison: every peer at 1.1B / 8 GiB / 8k, plain uncapped as reference
+        "shape": "1b",
+        "tokens": [8192],
+        "budget": 8.0,
+        "seq_len": 2048,
+        "steps": 3,
+        "warmup": 3,
+        "ideal_first": True,  # the loss reference before the systems: a lane cut short still checks them
+        "systems": [*PEERS, "torchao_cpu_offload_grads"],
+    },
+    "h200-7b16l": {  # the 7B shape truncated to 16 layers (3.50B parameters), as S2: 24 GiB / 8k
+        "shape": "7b",
+        "layers": 16,
+        "tokens": [8192],
+        "budget": 24.0,
+        "seq_len": 2048,
+        "steps": 3,
+        "warmup": 3,
+        "ideal_first": True,  # the loss reference before the slow systems: a lane cut short still checks them
+        "systems": [
+            "carina",
+            "deepspeed_zero3_offload",
+            "fsdp2_cpu_offload",
+            "torchao_cpu_offload_grads",
+            "torchao_cpu_offload",
+        ],
     },
     "h100-3b-check": {
         "shape": "3b",
@@ -103,29 +132,25 @@ def calibrate(timeout: float) -> dict[str, float]:
         return dict(json.loads(out.read_text()))
 
 
-def n_params(spec: RunSpec) -> int:
-    from workload import llama_config
+def ideal_step_s(base: RunSpec, timeout: float) -> tuple[float | None, str, dict[str, Any] | None]:
+    """Unlimited-memory step time: measured when plain fits uncapped, else extrapolated from 4 and 8 layers.
 
-    cfg = llama_config(spec)
-    h, inter, layers, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
-    return layers * (4 * h * h + 3 * h * inter + 2 * h) + 2 * vocab * h + h
-
-
-def ideal_step_s(base: RunSpec, timeout: float) -> tuple[float | None, str]:
-    """Unlimited-memory step time: measured when plain fits uncapped, else extrapolated from 4 and 8 layers."""
+    The third value is the uncapped plain run when it ran: the loss reference of every system.
+    """
     full = run_one(replace(base, system="plain", gpu_budget_gib=None), timeout)
     if full["status"] == "ok":
-        return base.tokens_per_step / full["tokens_per_s"], "measured (plain PyTorch, uncapped)"
+        return base.tokens_per_step / full["tokens_per_s"], "measured (plain PyTorch, uncapped)", full
     points = []
     for layers in (4, 8):
         res = run_one(replace(base, system="plain", gpu_budget_gib=None, layers=layers), timeout)
         if res["status"] != "ok":
-            return None, f"plain PyTorch could not run {layers} layers: {res['reason']}"
+            return None, f"plain PyTorch could not run {layers} layers: {res['reason']}", None
         points.append((layers, base.tokens_per_step / res["tokens_per_s"]))
     (l4, t4), (l8, t8) = points
     slope = (t8 - t4) / (l8 - l4)
-    layers = SHAPES[base.shape]["num_hidden_layers"]
-    return t4 + slope * (layers - l4), f"extrapolated from {l4}/{l8}-layer truncations ({full['reason'][:80]})"
+    layers = base.layers or SHAPES[base.shape]["num_hidden_layers"]
+    how = f"extrapolated from {l4}/{l8}-layer truncations ({full['reason'][:80]})"
+    return t4 + slope * (layers - l4), how, None
 
 
 def roofline_step_s(spec: RunSpec, ideal_s: float | None, calib: dict[str, float]) -> float | None:
@@ -140,28 +165,41 @@ def roofline_step_s(spec: RunSpec, ideal_s: float | None, calib: dict[str, float
     )
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="ci")
     parser.add_argument("--systems", nargs="*", help="override the preset's systems")
     parser.add_argument("--nvme-path", default=None, help="spill directory (adds ZeRO-Infinity and carina+nvme)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/results/<machine>)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for the whole harness (each run gets "
+        "at most what is left; a system with under 20 s left is a 'not run' row with that reason)",
+    )
+    parser.add_argument("--tag", default="", help="prefix of every output's name (offload_peers_<tag>_...)")
     parser.add_argument("--skip-ideal", action="store_true", help="no ideal run (a diagnostic of the systems alone)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _args()
     preset = PRESETS[args.preset]
     systems = args.systems or list(preset["systems"])
     if args.nvme_path and "deepspeed_zero_infinity" not in systems:
         systems.append("deepspeed_zero_infinity")
     command = " ".join(["python", *sys.argv])
-    start = time.perf_counter()
+    t0 = time.perf_counter()
     calib = calibrate(args.timeout)
-    _say(f"calibrate: {json.dumps({k: round(v, 2) for k, v in calib.items()})} in {time.perf_counter() - start:.0f} s")
+    _say(f"calibrate: {json.dumps({k: round(v, 2) for k, v in calib.items()})} in {time.perf_counter() - t0:.0f} s")
     rows: list[dict[str, Any]] = []
     for tokens in preset["tokens"]:
         base = RunSpec(
             system="plain",
             shape=preset["shape"],
+            layers=preset.get("layers"),
             tokens_per_step=tokens,
             seq_len=preset["seq_len"],
             gpu_budget_gib=preset["budget"],
@@ -171,28 +209,64 @@ def main() -> None:
         )
         row: dict[str, Any] = {
             "tokens": tokens,
+            "tag": args.tag,
             "base": asdict(base),
             "ideal_s": None,
             "ideal_how": "not measured (the harness stopped before the ideal ran)",
             "roofline_s": None,
+            "reference": None,  # the uncapped plain run (the ideal's), once it ran
             "results": {},
         }
         rows.append(row)
-        for system in systems:
-            start = time.perf_counter()
-            row["results"][system] = result = run_one(replace(base, system=system), args.timeout)
-            _say(f"{system} {tokens} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
-            _write(rows, calib, command, args.out)
-        if args.skip_ideal:
-            row["ideal_how"] = "not measured (--skip-ideal)"
-        else:
-            start = time.perf_counter()
-            row["ideal_s"], row["ideal_how"] = ideal_step_s(base, args.timeout)
-            row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
-            ideal = f"{tokens / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
-            _say(f"ideal {tokens} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")
+        _run_configuration(rows, base, systems, calib, args, t0, command)
         for path in _write(rows, calib, command, args.out):
             print(path)
+
+
+def _run_configuration(
+    rows: list[dict[str, Any]],
+    base: RunSpec,
+    systems: list[str],
+    calib: dict[str, float],
+    args: argparse.Namespace,
+    t0: float,
+    command: str,
+) -> None:
+    """Every system on the last row's configuration, and the ideal first or last as the preset says."""
+    row, ideal_first = rows[-1], bool(PRESETS[args.preset].get("ideal_first"))
+    if ideal_first and not args.skip_ideal:
+        _run_ideal(row, base, calib, _time_left(args, t0))
+    for system in systems:
+        start = time.perf_counter()
+        limit = _time_left(args, t0)
+        if limit < 20:
+            why = f"not run: {limit:.0f} s left of the harness's {args.budget:g} s budget"
+            result = {"spec": asdict(replace(base, system=system)), "status": "not run", "reason": why}
+        else:
+            result = run_one(replace(base, system=system), limit)
+        row["results"][system] = result
+        _say(f"{system} {row['tokens']} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
+        _write(rows, calib, command, args.out)
+    if args.skip_ideal:
+        row["ideal_how"] = "not measured (--skip-ideal)"
+    elif not ideal_first and _time_left(args, t0) >= 20:
+        _run_ideal(row, base, calib, _time_left(args, t0))
+
+
+def _time_left(args: argparse.Namespace, t0: float) -> float:
+    """Seconds the next run may take: the per-run limit, within what is left of the harness's budget."""
+    if args.budget is None:
+        return float(args.timeout)
+    return float(min(args.timeout, args.budget - (time.perf_counter() - t0) - 5))
+
+
+def _run_ideal(row: dict[str, Any], base: RunSpec, calib: dict[str, float], timeout: float) -> None:
+    """Measure the ideal (and the loss reference) of ``row`` in place."""
+    start = time.perf_counter()
+    row["ideal_s"], row["ideal_how"], row["reference"] = ideal_step_s(base, timeout)
+    row["roofline_s"] = roofline_step_s(base, row["ideal_s"], calib)
+    ideal = f"{row['tokens'] / row['ideal_s']:.0f} tokens/s" if row["ideal_s"] else "none"
+    _say(f"ideal {row['tokens']} tokens: {ideal} ({row['ideal_how']}) in {time.perf_counter() - start:.0f} s")
 
 
 def _say(line: str) -> None:

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, resolve_device, timed_loop
+from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, n_params, resolve_device, timed_loop
 
 
 def _autocast(device: str) -> Any:
@@ -121,7 +121,7 @@ def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
     _init_single_process_group(device)
     mesh = init_device_mesh("cuda", (1,))
     model = build_model(spec, device="cpu", checkpointing=True)
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "mesh": mesh,
         "offload_policy": CPUOffloadPolicy(pin_memory=True),
         "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
@@ -141,7 +141,7 @@ def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
     return result
 
 
-def run_torchao_cpu_offload(spec: RunSpec) -> RunResult:
+def run_torchao_cpu_offload(spec: RunSpec, *, offload_gradients: bool = False) -> RunResult:
     """torchao's CPUOffloadOptimizer: weights on the GPU, AdamW states and step on the CPU."""
     import torch
 
@@ -152,86 +152,39 @@ def run_torchao_cpu_offload(spec: RunSpec) -> RunResult:
 
     cap_gpu(spec, device)
     model = build_model(spec, device=device, checkpointing=True)
-    opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, fused=True, **OPTIM)
+    opt = CPUOffloadOptimizer(
+        model.parameters(), torch.optim.AdamW, offload_gradients=offload_gradients, fused=True, **OPTIM
+    )
     result = timed_loop(spec, _hf_step(model, opt, device), device)
+    what = (
+        "fp32 weights (gradients freed once copied to the CPU)" if offload_gradients else "fp32 weights and gradients"
+    )
     result.settings = {
-        "optimizer": "CPUOffloadOptimizer(AdamW, fused=True)",
-        "offload_gradients": False,
+        "optimizer": "CPUOffloadOptimizer(torch.optim.AdamW, fused=True), torchao " + _version("torchao"),
+        "offload_gradients": offload_gradients,
+        "on_the_gpu": f"{what} ({_resident_note(spec)})",
         "activation_checkpointing": "HF gradient_checkpointing_enable()",
     }
     return result
 
 
-def _ds_config(spec: RunSpec, nvme: bool) -> dict[str, Any]:
-    rows = max(1, spec.tokens_per_step // spec.seq_len)
-    target = (
-        {"device": "nvme", "nvme_path": spec.nvme_path, "pin_memory": True}
-        if nvme
-        else {"device": "cpu", "pin_memory": True}
-    )
-    return {
-        "train_micro_batch_size_per_gpu": rows,
-        "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True},
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": OPTIM["lr"],
-                "betas": list(OPTIM["betas"]),
-                "weight_decay": OPTIM["weight_decay"],
-                "eps": OPTIM["eps"],
-            },
-        },
-        "zero_optimization": {
-            "stage": 3,
-            "offload_param": dict(target),
-            "offload_optimizer": dict(target),
-            "overlap_comm": True,
-            "contiguous_gradients": True,
-            "stage3_prefetch_bucket_size": 5e7,
-            "stage3_max_live_parameters": 1e9,
-        },
-        "aio": {"block_size": 1 << 20, "queue_depth": 32, "single_submit": False, "overlap_events": True},
-        "wall_clock_breakdown": False,
-    }
-
-
-def _run_deepspeed(spec: RunSpec, *, nvme: bool) -> RunResult:
-    device = resolve_device(spec.device)
-    if not device.startswith("cuda"):
-        return RunResult(spec=spec, status="unavailable", reason="DeepSpeed ZeRO offload needs a CUDA device")
-    if nvme and not spec.nvme_path:
-        return RunResult(spec=spec, status="unavailable", reason="no nvme_path for ZeRO-Infinity")
-    import deepspeed
-
-    cap_gpu(spec, device)
-    _init_single_process_group(device)
-    config = _ds_config(spec, nvme)
-    with deepspeed.zero.Init(config_dict_or_path=config, remote_device="nvme" if nvme else "cpu", pin_memory=True):
-        model = build_model(spec, device=None, checkpointing=True)
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
-
-    def step(tokens: Any) -> float:
-        tokens = tokens.to(device)
-        loss = engine(input_ids=tokens, labels=tokens).loss
-        engine.backward(loss)
-        engine.step()
-        return float(loss.detach())
-
-    result = timed_loop(spec, step, device)
-    result.settings = {"deepspeed_config": config, "activation_checkpointing": "HF gradient_checkpointing_enable()"}
-    result.versions["deepspeed"] = deepspeed.__version__
-    return result
+def run_torchao_cpu_offload_grads(spec: RunSpec) -> RunResult:
+    """torchao's CPUOffloadOptimizer with ``offload_gradients=True`` (its documented saving without accumulation)."""
+    return run_torchao_cpu_offload(spec, offload_gradients=True)
 
 
 def run_deepspeed_zero3_offload(spec: RunSpec) -> RunResult:
     """DeepSpeed ZeRO-3 with offload_param and offload_optimizer to CPU (ZeRO-Offload), DeepSpeedCPUAdam."""
-    return _run_deepspeed(spec, nvme=False)
+    from systems_deepspeed import run_deepspeed
+
+    return run_deepspeed(spec, nvme=False)
 
 
 def run_deepspeed_zero_infinity(spec: RunSpec) -> RunResult:
     """DeepSpeed ZeRO-Infinity: parameters and optimizer states on NVMe."""
-    return _run_deepspeed(spec, nvme=True)
+    from systems_deepspeed import run_deepspeed
+
+    return run_deepspeed(spec, nvme=True)
 
 
 SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
@@ -241,7 +194,29 @@ SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
     "deepspeed_zero_infinity": run_deepspeed_zero_infinity,
     "fsdp2_cpu_offload": run_fsdp2_cpu_offload,
     "torchao_cpu_offload": run_torchao_cpu_offload,
+    "torchao_cpu_offload_grads": run_torchao_cpu_offload_grads,
 }
+
+
+_ON_GPU = {  # bytes per parameter a system keeps on the GPU, and what they are
+    "plain": (16, "fp32 weights, gradients and both AdamW states"),
+    "torchao_cpu_offload": (8, "fp32 weights and gradients"),
+    "torchao_cpu_offload_grads": (4, "fp32 weights"),
+}
+
+
+def _resident_note(spec: RunSpec) -> str:
+    """What a system that keeps fp32 state on the GPU needs there, against the cap."""
+    per, what = _ON_GPU[spec.system]
+    cap = f"the {spec.gpu_budget_gib:g} GiB cap" if spec.gpu_budget_gib else "no cap"
+    n = n_params(spec)
+    return f"{what} take {per} B x {n / 1e9:.2f}B parameters = {per * n / 2**30:.1f} GiB, against {cap}"
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
 
 
 def _oom_detail(message: str) -> str:
@@ -271,9 +246,11 @@ def run(spec: RunSpec) -> RunResult:
         result = RunResult(spec=spec, status="unavailable", reason=f"not installed: {exc.name or exc}")
     except torch.OutOfMemoryError as exc:
         traceback.print_exc()
-        result = RunResult(spec=spec, status="failed", reason="out of memory: " + _oom_detail(str(exc)))
+        why = f"; {_resident_note(spec)}" if spec.system in _ON_GPU else ""
+        result = RunResult(spec=spec, status="failed", reason="out of memory" + why + ": " + _oom_detail(str(exc)))
     except Exception as exc:
         last = traceback.format_exc().strip().splitlines()[-1]
         result = RunResult(spec=spec, status="failed", reason=f"{type(exc).__name__}: {last[:300]}")
     result.versions["torch"] = torch.__version__
+    result.versions["transformers"] = _version("transformers")
     return result

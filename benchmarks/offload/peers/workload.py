@@ -21,7 +21,7 @@ SHAPES: dict[str, dict[str, int]] = {
     "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32},
     "13b": {"hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40},
 }
-OPTIM = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8}
+OPTIM: dict[str, Any] = {"lr": 1e-4, "betas": (0.9, 0.95), "weight_decay": 0.1, "eps": 1e-8}
 
 
 @dataclass
@@ -73,7 +73,7 @@ def resolve_device(device: str) -> str:
 def llama_config(spec: RunSpec) -> Any:
     from transformers import LlamaConfig
 
-    fields = dict(SHAPES[spec.shape])
+    fields: dict[str, Any] = dict(SHAPES[spec.shape])
     if spec.layers is not None:
         fields["num_hidden_layers"] = spec.layers
     return LlamaConfig(
@@ -83,6 +83,13 @@ def llama_config(spec: RunSpec) -> Any:
         tie_word_embeddings=False,
         **fields,
     )
+
+
+def n_params(spec: RunSpec) -> int:
+    """Parameters of the Llama shape of ``spec`` (untied head)."""
+    cfg = llama_config(spec)
+    h, inter, layers, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    return layers * (4 * h * h + 3 * h * inter + 2 * h) + 2 * vocab * h + h
 
 
 def build_model(spec: RunSpec, *, device: str | None = "cpu", checkpointing: bool = False) -> Any:

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The peer comparison in ONE harness run, as one lane of benchmarks/h100_combined.sh (lane name: peers):
+# plain PyTorch uncapped first (the ideal and every system's loss reference), then carina, DeepSpeed ZeRO-3
+# offload (ZeRO-Offload, DeepSpeedCPUAdam), FSDP2 CPUOffloadPolicy and torchao's CPUOffloadOptimizer (as is,
+# and with offload_gradients=True) on the 1.1B Llama at 8k tokens under an 8 GiB cap (preset h200-1b); the
+# summary table and the PNG.
+#
+# HARD BUDGET: BUDGET=430 s for the whole lane (give the lane >= 440 s): wheels ~10 s; DeepSpeed preflight
+# (cpu_adam + async_io JIT builds at once, one use of each) <= 150 s; the harness gets what is left, 100 s
+# per system run (expected: calibration 10, carina 55, DeepSpeed 45-60, FSDP2 45, torchao 20 (out of memory),
+# torchao with offload_gradients 35, ideal 30: ~340 s in all).
+# Every record is written into $OUT/$LANE/ as soon as its step ends (the harness rewrites the table, the
+# plot and the records after each system), so a kill loses only what had not run.
+#
+# Carry (repository root): .whl (torchao 0.18.0) and .whl-ds (DeepSpeed 0.19.8 py3 wheel built with
+# DS_BUILD_OPS=0, hjson, pydantic 2.14.4, pydantic-core 2.50.5 cp312, annotated-types, typing-inspection,
+# typing-extensions, and Debian 12's libaio1 + libaio-dev .debs, unpacked to a prefix, never to /).
+#
+# Usage (repository root): OUT=<dir> bash benchmarks/offload/peers/lane_peers_h200.sh
+#   PRESET=h200-7b16l LANE=peers7b BUDGET=575 PER_RUN=150: the 7B-shape lane (lane_peers_h200_7b.sh)
+#   NVME_DIR=<dir on a disk>: where the aio check writes (O_DIRECT: not tmpfs); NVME=1 adds ZeRO-Infinity
+# CPU proof (tiny model, run on the CPU machine; wheels installed beforehand into SITE):
+#   DEVICE=cpu PY=/work/main/.venv/bin/python SITE=/tmp/dssite OUT=/tmp/o bash <this script>
+set -uo pipefail
+: "${OUT:?set OUT}"
+T0=$(date +%s)
+DEVICE=${DEVICE:-gpu}
+LANE=${LANE:-peers}
+if [ "$DEVICE" = cpu ]; then
+  PRESET=${PRESET:-ci}; BUDGET=${BUDGET:-900}; PER_RUN=${PER_RUN:-400}; PREFLIGHT_S=${PREFLIGHT_S:-400}
+else
+  PRESET=${PRESET:-h200-1b}; BUDGET=${BUDGET:-430}; PER_RUN=${PER_RUN:-100}; PREFLIGHT_S=${PREFLIGHT_S:-150}
+fi
+TAG=${TAG-s4}  # every output is named offload_peers_<TAG>_...: this run never overwrites an earlier one
+PY=${PY:-python3}
+SITE=${SITE:-/tmp/peers-site}
+WHL=${WHL:-.whl}
+WHL_DS=${WHL_DS:-.whl-ds}
+NVME_DIR=${NVME_DIR:-/var/tmp/peers-nvme}
+DEST="$OUT/$LANE"
+mkdir -p "$DEST" "$NVME_DIR"
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+say() { echo "[lane $LANE $(($(date +%s) - T0))s] $*"; }
+export PYTHONPATH="$SITE:$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/peers-torch-ext}
+# nvcc 13.0 against torch's CUDA 13.0: DeepSpeed's minor-version check is skipped as on the H100 (session 1).
+export DS_SKIP_CUDA_CHECK=1
+
+# 1. Wheels into SITE (skipped when SITE already holds deepspeed: the CPU proof installs its cp311 set first).
+if ! PYTHONPATH="$SITE" "$PY" -c "import deepspeed" 2>/dev/null; then
+  # shellcheck disable=SC2086
+  timeout 90 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    $(ls "$WHL"/torchao-*.whl 2>/dev/null) "$WHL_DS"/*.whl 2>&1 | tail -3
+fi
+say "wheels: $(PYTHONPATH="$SITE" "$PY" -c 'import deepspeed, pydantic; print("deepspeed", deepspeed.__version__, "pydantic", pydantic.__version__)' 2>&1 | tail -1)"
+
+# 2. libaio (headers, .so) from the carried .debs into a prefix; gcc reads CPATH/LIBRARY_PATH for the JIT
+#    build, DeepSpeed's io_submit probe reads CFLAGS/LDFLAGS.
+AIO=/tmp/peers-libaio
+for deb in "$WHL_DS"/libaio*.deb; do [ -f "$deb" ] && dpkg -x "$deb" "$AIO"; done
+LIB="$AIO/usr/lib/x86_64-linux-gnu"
+export CPATH="$AIO/usr/include${CPATH:+:$CPATH}" LIBRARY_PATH="$LIB${LIBRARY_PATH:+:$LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CFLAGS="-I$AIO/usr/include" LDFLAGS="-L$LIB"
+say "machine: $(nproc) cores; $(command -v g++ || echo 'no g++'); $(df -T "$NVME_DIR" | tail -1)"
+
+# 3. DeepSpeed preflight: versions, toolchain, cpu_adam and async_io built and used once; its record says
+#    what worked or the exact failure, and the harness gives a DeepSpeed row that failure as its reason.
+timeout --kill-after=5 $((PREFLIGHT_S + 10)) "$PY" benchmarks/offload/peers/ds_preflight.py --out "$DEST" \
+  --aio-dir "$NVME_DIR" --timeout "$PREFLIGHT_S" --tag "$TAG"
+say "preflight exit $?"
+export PEERS_DS_PREFLIGHT="$DEST/offload_peers_${TAG:+${TAG}_}deepspeed_preflight.json"
+
+# 4. One harness run: every system on the same model, tokens and cap; the ideal and loss reference last.
+EXTRA=()
+[ "${NVME:-0}" = 1 ] && EXTRA=(--nvme-path "$NVME_DIR")
+SYSTEMS=${SYSTEMS:-}
+T=$(left); [ "$T" -lt 30 ] && T=30
+# shellcheck disable=SC2086
+timeout --kill-after=5 "$T" "$PY" benchmarks/offload/peers/harness.py --preset "$PRESET" \
+  ${SYSTEMS:+--systems $SYSTEMS} --timeout "$PER_RUN" --budget $((T - 10)) --tag "$TAG" --out "$DEST" "${EXTRA[@]}"
+say "harness exit $?"
+cat "$DEST"/offload_peers_*summary.md 2>/dev/null
+"$PY" - "$DEST" <<'PY' || true
+import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("offload_peers_*.json")):
+    m = json.loads(p.read_text())["metrics"]
+    lc = m.get("loss_check") or {}
+    print(p.stem, m.get("status"), "loss within:", lc.get("within"), "max diff:", lc.get("max_abs_diff"),
+          "drift:", lc.get("drift"), "|", (m.get("reason") or "")[:160])
+PY
