@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Op, run_jobs
 from carina.infra.storage.crc import RowCrc32, row_crc32
 from carina.infra.storage.engines import InlineEngine
+from carina.infra.storage.rowcopy import runs_of as _runs
 from carina.infra.storage.torch_engine import TorchEngine
 from carina.infra.storage.zvc import zvc_compress
-from carina.infra.storage.zvcbatch import ZvcBatcher, _runs
+from carina.infra.storage.zvcbatch import ZvcBatcher
 
 
 @pytest.mark.parametrize("length", [8, 24, 512, 4096, 8208, 65536])
