@@ -44,8 +44,9 @@ __all__ = ["QEMU_SYSTEMS", "QemuLoadConfig", "run_qemu_load"]
 log = logging.getLogger("carina.infra.storage")
 
 #: System -> (engine, codec); ``cpu`` means the config's CPU codec.
-QEMU_SYSTEMS = {"torch": ("torch", "zvc"), "inline": ("inline", "cpu"), "thread": ("thread", "cpu"),
-                "process": ("process", "cpu"), "forward": ("inline", "raw")}  # fmt: skip
+QEMU_SYSTEMS = {"torch": ("torch", "zvc"), "nvcomp": ("nvcomp", "cpu"), "inline": ("inline", "cpu"),
+                "thread": ("thread", "cpu"), "process": ("process", "cpu"), "forward": ("inline", "raw")}  # fmt: skip
+_GPU = ("torch", "nvcomp")
 
 
 @dataclass(kw_only=True)
@@ -56,8 +57,9 @@ class QemuLoadConfig(Config):
         systems: Keys of :data:`QEMU_SYSTEMS`.
         blocks: Request sizes (each also the tier's block size).
         codec: Codec of the CPU systems.
-        workers: Workers of the ``thread``/``process`` systems and launch threads of ``torch``.
-        device: Torch device of the ``torch`` system.
+        workers: Workers of the ``thread``/``process`` systems.
+        gpu_workers: Launch threads (CUDA streams) of the ``torch`` and ``nvcomp`` systems.
+        device: Torch device of the ``torch`` and ``nvcomp`` systems.
         seconds: Target length of each bench run.
         rounds: Rounds of every load on every system (medians reported).
         qemu_img: The qemu-img executable.
@@ -67,6 +69,7 @@ class QemuLoadConfig(Config):
     blocks: list[int] = field(default_factory=lambda: [4 << 10, 64 << 10])
     codec: str = "zlib"
     workers: int = 8
+    gpu_workers: int = 2
     device: str = "auto"
     seconds: float = 1.0
     rounds: int = 1
@@ -94,7 +97,8 @@ def _start(cfg: QemuLoadConfig, system: str, block: int, size: int, work: Path) 
     shutil.rmtree(store, ignore_errors=True)
     cmd = [sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0", "--store", str(store),
            "--size", str(size), "--block-size", str(block), "--engine", engine,
-           "--codec", cfg.codec if codec == "cpu" else codec, "--workers", str(cfg.workers), "--device", cfg.device,
+           "--codec", cfg.codec if codec == "cpu" else codec, "--device", cfg.device,
+           "--workers", str(cfg.gpu_workers if system in _GPU else cfg.workers),
            "--slots", "64", "--stats-interval", "3600"]  # fmt: skip
     return _Server(system, block, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
                    store)  # fmt: skip
