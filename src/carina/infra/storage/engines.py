@@ -197,6 +197,10 @@ class PayloadEngine(Backend):
     def _launch(self, jobs: list[Job], done: _Done) -> None:
         """Start ``jobs``; call ``done`` (in the loop thread) with results or an exception."""
 
+    def prepare(self, block_size: int, codec: Codec) -> None:
+        """Get ready for blocks of ``block_size`` in ``codec`` before the first request (default: nothing)."""
+        return None
+
     def close(self) -> None:
         """Stop workers and unmap the arena."""
         self.arena.close()

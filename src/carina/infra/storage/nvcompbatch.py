@@ -22,6 +22,7 @@ each block's error exactly::
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Job, Op, Result, run_jobs
+from carina.infra.storage.graphs import GraphRunner
 from carina.infra.storage.rowcopy import RowMover, runs_of
 from carina.infra.storage.zvcbatch import host_crc32, read_back
 
@@ -132,6 +134,7 @@ class NvcompBatcher:
         self.arena = np.frombuffer(mv, dtype=np.uint8)
         self.host = torch.from_numpy(self.arena)
         self.mover = RowMover(self.arena, self.host)
+        self.graphs = GraphRunner()
         self.device = device
         self.codecs = codecs
         self.device_crc = device != "cpu"
@@ -196,30 +199,47 @@ class NvcompBatcher:
 
     def _compress(self, rows: Any, codec: Codec, crc: Any, stream: Any) -> tuple[Any, Any]:
         """Stored bytes (compressed, or the block itself when that is no smaller) and ``(codec, size, crc)``."""
-        import torch
-
         length = rows.shape[1]
         packed, sizes = self.codecs.encode(rows, codec, stream)
-        zero = rows.amax(1) == 0
-        shrunk = (sizes < length) & ~zero
-        width = torch.arange(length, device=rows.device)
-        packed = packed[:, :length] * (width < sizes.unsqueeze(1))  # zero past the size, as the CRC rows need
-        stored = torch.where(shrunk.unsqueeze(1), packed, rows)
-        size = torch.where(zero, 0, torch.where(shrunk, sizes, length))
-        used = shrunk.long() * int(codec)  # Codec.RAW is 0
-        return stored, torch.stack([used, size, torch.where(zero, 0, crc(stored, size))], 1)
+        step = functools.partial(_stored_step, codec=int(codec), crc=crc)
+        stored, res = self.graphs(("nvcomp-stored", length), step, (rows, packed[:, :length], sizes), stream=stream)
+        return stored, res
 
     def _decompress(self, rows: Any, a: np.ndarray, codec: Codec, crc: Any, stream: Any) -> tuple[Any, Any]:
         """Blocks (zero where the check failed) and ``(codec, length or error, crc)`` of each stored row."""
         import torch
 
         length = rows.shape[1]
-        meta = torch.from_numpy(np.ascontiguousarray(a[:, [3, 6]].T)).to(rows.device, non_blocking=True)
-        size, want = meta
-        rows = rows * (torch.arange(length, device=rows.device) < size.unsqueeze(1))
-        same = crc(rows, size) == want
+        meta = torch.from_numpy(np.ascontiguousarray(a[:, [3, 6]])).to(rows.device, non_blocking=True)
+        rows, same = self.graphs(("nvcomp-check", length), functools.partial(_check_step, crc=crc), (rows, meta),
+                                 stream=stream)  # fmt: skip
         blocks, got = self.codecs.decode(rows, a[:, 3].tolist(), codec, stream)
         good = same & (got == length)
         status = torch.where(same, torch.where(good, length, ERR_CORRUPT), ERR_CHECKSUM)
         codes = torch.full_like(status, int(codec))
-        return blocks * good.unsqueeze(1), torch.stack([codes, status, torch.where(good, want, 0)], 1)
+        return blocks * good.unsqueeze(1), torch.stack([codes, status, torch.where(good, meta[:, 1], 0)], 1)
+
+
+def _stored_step(rows: Any, packed: Any, sizes: Any, *, codec: int, crc: Any) -> tuple[Any, Any]:
+    """What each row is stored as after compression, and its ``(codec, size, crc)`` (one graph on CUDA)."""
+    import torch
+
+    length = rows.shape[1]
+    zero = rows.amax(1) == 0
+    shrunk = (sizes < length) & ~zero
+    width = torch.arange(length, device=rows.device)
+    packed = packed * (width < sizes.unsqueeze(1))  # zero past the size, as the CRC rows need
+    stored = torch.where(shrunk.unsqueeze(1), packed, rows)
+    size = torch.where(zero, 0, torch.where(shrunk, sizes, length))
+    used = shrunk.long() * codec  # Codec.RAW is 0
+    return stored, torch.stack([used, size, torch.where(zero, 0, crc(stored, size))], 1)
+
+
+def _check_step(rows: Any, meta: Any, *, crc: Any) -> tuple[Any, Any]:
+    """Stored rows zeroed past their size, and whether each one's CRC-32 is the expected one (``meta``: size, crc)."""
+    import torch
+
+    length = rows.shape[1]
+    size, want = meta[:, 0], meta[:, 1]
+    rows = rows * (torch.arange(length, device=rows.device) < size.unsqueeze(1))
+    return rows, crc(rows, size) == want

@@ -23,6 +23,7 @@ every figure has its CPU cost per GB next to it::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -89,6 +90,7 @@ class _Server:
     proc: subprocess.Popen[str]
     store: Path
     url: str = ""
+    stopped: bool = False
 
 
 def _start(cfg: QemuLoadConfig, system: str, block: int, size: int, work: Path) -> _Server:
@@ -112,13 +114,23 @@ def _ready(server: _Server) -> None:
     server.url = json.loads(line)["url"]
 
 
-def _stop(server: _Server) -> None:
+def _stop(server: _Server) -> dict[str, Any]:
+    """Stop the server; its final stats (``{}`` when it printed none)."""
+    if server.stopped:
+        return {}
+    server.stopped = True
     server.proc.terminate()
     try:
-        server.proc.communicate(timeout=30)
+        out, _ = server.proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         server.proc.kill()
-        server.proc.communicate()
+        out, _ = server.proc.communicate()
+    for line in reversed((out or "").splitlines()):
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == "stopped":
+                return dict(event)
+    return {}
 
 
 def _timed(server: _Server, cmd: list[str]) -> tuple[float, float, str]:
@@ -203,7 +215,12 @@ def run_qemu_load(cfg: QemuLoadConfig, image: Path, *, work: Path, on_block: Any
                 log.warning("%s: %s, left out", server.system, exc)
                 servers.remove(server)
         for block in cfg.blocks:
-            rows += _load_block(cfg, [s for s in servers if s.block == block], image)
+            these = [s for s in servers if s.block == block]
+            got = _load_block(cfg, these, image)
+            for server, row in zip(these, got, strict=True):  # the engine's batching over all loads of the block
+                final = _stop(server)
+                row["engine_jobs_per_batch"] = final.get("engine_jobs", 0) / max(final.get("engine_batches", 0), 1)
+            rows += got
             if on_block is not None:
                 on_block(rows)
     return rows

@@ -111,6 +111,32 @@ class TorchEngine(PayloadEngine):
             return [f"the torch engine has no {request.name.lower()} kernel; use --codec zvc"]
         return super().unsupported_reasons(request)
 
+    def prepare(self, block_size: int, codec: Codec) -> None:
+        """On CUDA: capture every launch thread's graphs for ``block_size`` now, not in the first requests."""
+        if not self.cuda:
+            return
+        gate = threading.Barrier(self.workers)  # one task per launch thread: each captures its own graphs
+        for f in [self._pool.submit(self._prepare_thread, gate, block_size, codec) for _ in range(self.workers)]:
+            f.result()
+
+    def _prepare_thread(self, gate: threading.Barrier, block_size: int, codec: Codec) -> None:
+        """Run compress and decompress batches of every graph bucket through this thread's stream."""
+        from carina.infra.storage.codecs import Op
+
+        gate.wait(60)
+        runner = self._batcher.graphs
+        rows, room = 1, self.arena.nbytes // (2 * block_size)
+        while rows * block_size <= runner.max_bytes and rows <= room:
+            span = rows * block_size
+            pack: list[Job] = [(Op.COMPRESS, codec, i * block_size, block_size, span + i * block_size, block_size, 0)
+                    for i in range(rows)]  # fmt: skip
+            unpack: list[Job] = [(Op.DECOMPRESS, codec, span + i * block_size, block_size // 2, i * block_size, block_size, 1)
+                      for i in range(rows)]  # fmt: skip
+            for jobs in (pack, unpack):
+                with contextlib.suppress(Exception):  # a warm-up batch may fail its checks; its graphs are made
+                    self._run_piece(jobs)
+            rows *= 2
+
     def _stream(self) -> Any:
         """This launch thread's CUDA stream (``None`` on the CPU)."""
         if not self.cuda:

@@ -19,6 +19,7 @@ code runs in torch on the CPU::
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import zlib
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from typing import Any, cast
 import numpy as np
 
 from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Job, Op, Result, run_jobs
+from carina.infra.storage.graphs import GraphRunner
 from carina.infra.storage.rowcopy import RowMover, runs_of
 
 __all__ = ["ZvcBatcher", "host_crc32", "read_back"]
@@ -52,6 +54,7 @@ class ZvcBatcher:
         self.arena = np.frombuffer(mv, dtype=np.uint8)
         self.host = torch.from_numpy(self.arena)
         self.mover = RowMover(self.arena, self.host)
+        self.graphs = GraphRunner()
         self.device = device
         self.raw_reads = raw_reads
         self.device_crc = device != "cpu" if device_crc is None else device_crc
@@ -106,11 +109,12 @@ class ZvcBatcher:
             rows = torch.empty((len(a), length), dtype=torch.uint8, device=self.device)
             self.mover.upload(rows, runs, length)
             if op == Op.COMPRESS:
-                blocks, codec, size = _pack(rows)
-                res = torch.stack([codec, size, crc(blocks, size)], 1)
+                blocks, res = self.graphs(("zvc-pack", length), functools.partial(_pack_step, crc=crc), (rows,),
+                                          stream=stream)  # fmt: skip
             else:
-                meta = torch.from_numpy(np.ascontiguousarray(a[:, [1, 3, 6]].T)).to(self.device, non_blocking=True)
-                blocks, res = _unpack(rows, meta, crc)
+                meta = torch.from_numpy(np.ascontiguousarray(a[:, [1, 3, 6]])).to(self.device, non_blocking=True)
+                blocks, res = self.graphs(("zvc-unpack", length), functools.partial(_unpack_step, crc=crc),
+                                          (rows, meta), stream=stream)  # fmt: skip
             scatter = self.mover.download(blocks, runs, length)
             out = read_back(res)
         scatter()
@@ -144,10 +148,19 @@ def host_crc32(rows: Any, lengths: Any) -> Any:
     return torch.tensor([zlib.crc32(r[i, :s]) for i, s in enumerate(lengths.tolist())], dtype=torch.int64)
 
 
-def _pack(rows: Any) -> tuple[Any, Any, Any]:
+def _pack_step(rows: Any, *, crc: Any) -> tuple[Any, Any]:
+    """ZVC-pack ``(n, L)`` rows: the stored rows and ``(codec, size, crc)`` of each (one graph on CUDA)."""
+    import torch
+
     from carina.infra.storage.zvc import pack_rows
 
-    return pack_rows(rows)
+    blocks, codec, size = pack_rows(rows)
+    return blocks, torch.stack([codec, size, crc(blocks, size)], 1)
+
+
+def _unpack_step(rows: Any, meta: Any, *, crc: Any) -> tuple[Any, Any]:
+    """Check and decode stored rows; ``meta`` is ``(n, 3)``: codec, stored length, expected CRC."""
+    return _unpack(rows, meta.T, crc)
 
 
 def _unpack(rows: Any, meta: Any, crc: Any) -> tuple[Any, Any]:
