@@ -127,11 +127,9 @@ class TorchEngine(PayloadEngine):
         runner = self._batcher.graphs
         rows, room = 1, self.arena.nbytes // (2 * block_size)
         while rows * block_size <= runner.max_bytes and rows <= room:
-            span = rows * block_size
-            pack: list[Job] = [(Op.COMPRESS, codec, i * block_size, block_size, span + i * block_size, block_size, 0)
-                    for i in range(rows)]  # fmt: skip
-            unpack: list[Job] = [(Op.DECOMPRESS, codec, span + i * block_size, block_size // 2, i * block_size, block_size, 1)
-                      for i in range(rows)]  # fmt: skip
+            b, span = block_size, rows * block_size
+            pack: list[Job] = [(Op.COMPRESS, codec, i * b, b, span + i * b, b, 0) for i in range(rows)]
+            unpack: list[Job] = [(Op.DECOMPRESS, codec, span + i * b, b // 2, i * b, b, 1) for i in range(rows)]
             for jobs in (pack, unpack):
                 with contextlib.suppress(Exception):  # a warm-up batch may fail its checks; its graphs are made
                     self._run_piece(jobs)
