@@ -134,7 +134,9 @@ class NvcompBatcher:
         self.arena = np.frombuffer(mv, dtype=np.uint8)
         self.host = torch.from_numpy(self.arena)
         self.mover = RowMover(self.arena, self.host)
-        self.graphs = GraphRunner()
+        # no CUDA graphs here: capturing next to nvCOMP calls on other launch threads failed on the H200
+        # (cudaErrorStreamCaptureUnsupported, then an illegal memory access), so these steps run eagerly
+        self.graphs = GraphRunner(max_bytes=0)
         self.device = device
         self.codecs = codecs
         self.device_crc = device != "cpu"
