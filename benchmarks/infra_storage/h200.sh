@@ -11,7 +11,7 @@
 #       decoded by zlib and zlib's by nvCOMP (LZ4/zstd too where their CPU packages load). PASS or FAIL, no file.
 #   infra_storage_tier_h200_lz4.json      step tier_lz4 (55 / 25 s): qemu-img fill (convert, 16 in flight, then a
 #       bit-exact compare), reads and constant-pattern writes (qemu-img bench, queue depth 32), 4 KiB and 64 KiB
-#       blocks, systems: nvcomp (GPU, LZ4, 2 launch threads), torch (GPU, ZVC, 2 launch threads), inline (the
+#       blocks, systems: nvcomp (GPU, LZ4, 1 launch thread), torch (GPU, ZVC, 1 launch thread), inline (the
 #       single-process CPU middle tier, LZ4), process (4 LZ4 worker processes), forward (codec raw: the ceiling).
 #       nvcomp_vs_inline_* and torch_vs_inline_* are the GPU engines over the CPU tier; CPU-s/GB of every system.
 #   infra_storage_tier_h200_deflate.json  step tier_deflate (55 / 25 s): the same with deflate (zlib's algorithm) as
@@ -41,7 +41,7 @@ if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine (
   TIER=(--data 4M --seconds 0.2 --workers 2 --gpu-workers 1)
 else
   BUDGET_S=${BUDGET_S:-150}; M=1
-  TIER=(--data 32M --seconds 0.5 --workers 4 --gpu-workers 2)
+  TIER=(--data 32M --seconds 0.5 --workers 4 --gpu-workers 1)
   nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
 fi
 start=$(date +%s)
