@@ -332,6 +332,9 @@ class ProcessEngine(PayloadEngine):
         self._loop = loop
         for i, conn in enumerate(self._conns):
             loop.add_reader(conn.fileno(), self._on_reply, i)
+            # uvloop makes a watched fd non-blocking: a reply larger than the socket buffer (a batch of many
+            # requests) would then end in EAGAIN halfway through recv(); readiness is all the loop needs
+            os.set_blocking(conn.fileno(), True)
 
     def _launch(self, jobs: list[Job], done: _Done) -> None:
         self._attach()
