@@ -155,3 +155,13 @@ def test_torch_engine_with_several_launch_threads_matches_inline_both_ways() -> 
     finally:
         inline.close()
         engine.close()
+
+
+def test_graph_buckets_and_the_eager_path_off_cuda() -> None:
+    from carina.infra.storage.graphs import GraphRunner, bucket_of
+
+    assert [bucket_of(n) for n in (1, 2, 3, 5, 8, 9, 512)] == [1, 2, 4, 8, 8, 16, 512]
+    runner = GraphRunner()
+    rows = torch.arange(24, dtype=torch.uint8).view(3, 8)
+    (doubled,) = runner(("double", 8), lambda r: (r * 2,), (rows,), stream=None)
+    assert torch.equal(doubled, rows * 2) and runner.eager == 1 and runner.replays == 0

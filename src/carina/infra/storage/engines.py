@@ -14,7 +14,10 @@ tier), ``thread`` in a pool of threads of the same process (zlib, lz4 and zstd
 release the GIL while they compress, so the threads run in parallel with each
 other and with the event loop; no pipes, no pickling), ``process`` in worker
 processes that map the same arena (shared memory, no payload copies over
-pipes), ``torch`` in launch threads driving batched ZVC kernels on a GPU or the CPU.
+pipes), ``torch`` in launch threads driving batched ZVC kernels on a GPU or the CPU, ``nvcomp`` in the
+same launch threads driving nVIDIA nvCOMP's batched codecs. An engine may cap the batches in flight
+(``max_inflight``): jobs submitted meanwhile, from every connection, wait and leave together as the next
+batch (the GPU engines keep one per launch thread).
 """
 
 from __future__ import annotations
