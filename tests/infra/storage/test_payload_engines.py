@@ -196,6 +196,7 @@ def test_gated_process_pool_under_uvloop_takes_batches_larger_than_a_socket_buff
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             got = runner.run(go())
         assert pool.batches == 1 and [r[0][0] for r in got] == [Codec.ZLIB] * n  # 3000 requests, one batch
+        assert pool._next_id == 3  # sent as pieces of at most 1024 jobs
         assert len({r[0][1] for r in got}) > 1
     finally:
         pool.close()

@@ -95,6 +95,8 @@ class PayloadEngine(Backend):
     min_jobs = 1
     #: Fewest payload bytes worth a piece of their own (a GPU launch sequence costs the same for 4 KiB or 4 MiB).
     min_piece_bytes = 0
+    #: Most jobs in one piece (0: no limit); longer pieces are cut, keeping each message to a worker small.
+    max_piece_jobs = 0
 
     def __init__(self, arena: Arena, *, max_inflight: int = 0) -> None:
         self.arena = arena
@@ -157,6 +159,9 @@ class PayloadEngine(Backend):
         results: list[Result] = [(0, 0, 0)] * len(flat)
         block = max(flat[0][3] if flat[0][0] == 0 else flat[0][5], 1)
         pieces = _split(len(flat), room, max(self.min_jobs, self.min_piece_bytes // block))
+        if self.max_piece_jobs:
+            cap = self.max_piece_jobs
+            pieces = [(lo, min(lo + cap, b)) for a, b in pieces for lo in range(a, b, cap)]
         waits = [sum(1 for a, b in pieces if a < stop and start < b) for _, start, stop in spans]
         for a, b in pieces:
             members = [i for i, (_, start, stop) in enumerate(spans) if a < stop and start < b]
@@ -293,6 +298,9 @@ class ProcessEngine(PayloadEngine):
     """A pool of worker processes that map the arena; each piece goes to the least busy worker."""
 
     name = "process"
+    # job and result messages stay far below a socket buffer, so a blocking send to a busy worker cannot
+    # wait on a worker that is itself blocked sending results back
+    max_piece_jobs = 1024
 
     def __init__(self, arena_bytes: int, *, workers: int = 2, max_inflight: int = 0) -> None:
         import multiprocessing as mp
