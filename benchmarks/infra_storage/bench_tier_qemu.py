@@ -1,13 +1,15 @@
 """The tier end to end with a real client (qemu-img's own NBD client) where fio and libnbd are missing.
 
-Systems, all started at once per block size: ``torch`` (the GPU engine, ZVC), ``inline`` (the CPU middle tier:
-header and payload in one process, ``--codec``), ``thread`` (``--workers`` codec threads), ``forward`` (codec raw:
-the tier with no payload work, the ceiling of any engine end to end). Loads: fill (``qemu-img convert``, 16 in
+Systems, all started at once per block size: ``nvcomp`` (the GPU engine, nvCOMP batches of ``--codec``), ``torch``
+(the GPU engine, ZVC kernels), ``inline`` (the CPU middle tier: header and payload in one process, ``--codec``),
+``thread`` / ``process`` (``--workers`` codec threads / worker processes), ``forward`` (codec raw: the tier with no
+payload work, the ceiling of any engine end to end). Loads: fill (``qemu-img convert``, 16 in
 flight; then ``qemu-img compare`` checks every export bit-exact), reads and writes at queue depth 32
 (``qemu-img bench``; its writes carry a constant pattern byte).
 Data: Python sources and shared libraries, all-zero blocks dropped (every block exercises the codec).
 
-Run: python benchmarks/infra_storage/bench_tier_qemu.py --device cuda [--qemu-img PATH]
+Run: python benchmarks/infra_storage/bench_tier_qemu.py --device cuda --systems nvcomp,torch,inline,process,forward \
+    --main nvcomp,torch --codec lz4 [--qemu-img PATH]
 Writes <results>/<machine>/<name>.json after each block size (CARINA_RESULTS_DIR overrides the folder).
 """
 
@@ -29,9 +31,26 @@ from carina.infra.storage.qemuload import QemuLoadConfig, run_qemu_load
 OPS = ("read", "write_const", "fill")
 
 
-def figures(rows: list[dict[str, Any]], main: str, base: str) -> list[Figure]:
-    """Per block and load: ``main``'s MB/s (peers: the others; ceiling: ``forward``), CPU/GB, and ``main``/``base``."""
+def _ratios(got: dict[str, dict[str, Any]], main: str, base: str, lab: str) -> list[Figure]:
+    """``main``/``base`` per load, with forward/``base`` (no payload work at all) as the ceiling."""
+    fwd = got.get("forward")
+    out = []
+    for op in OPS:
+        key = f"{op}_mb_s"
+        if main in got and base in got and got[base][key] > 0:
+            out.append(Figure(name=f"{main}_vs_{base}_{op}_{lab}", value=got[main][key] / got[base][key], unit="x",
+                              ceiling=fwd[key] / got[base][key] if fwd else None,
+                              ceiling_source=f"forward (no payload work) over {base}, this run"))  # fmt: skip
+    return out
+
+
+def figures(rows: list[dict[str, Any]], mains: list[str], base: str) -> list[Figure]:
+    """Per block and load: the first main's MB/s (peers: the others; ceiling: ``forward``) and CPU/GB; every
+    main's MB/s over ``base``'s."""
     out: list[Figure] = []
+    ran = {r["system"] for r in rows}
+    mains = [m for m in mains if m in ran] or mains  # a main that could not start (its reason is in the log)
+    main = mains[0]
     for block in sorted({r["block"] for r in rows}):
         got = {r["system"]: r for r in rows if r["block"] == block}
         if main not in got:
@@ -47,10 +66,8 @@ def figures(rows: list[dict[str, Any]], main: str, base: str) -> list[Figure]:
             out.append(Figure(name=f"{op}_cpu_s_per_gb_{lab}", value=got[main][f"{op}_cpu_s_per_gb"], unit="s/GB",
                               higher_is_better=False,
                               peers={s: r[f"{op}_cpu_s_per_gb"] for s, r in got.items() if s != main}))  # fmt: skip
-            if base in got and got[base][key] > 0:
-                out.append(Figure(name=f"{main}_vs_{base}_{op}_{lab}", value=got[main][key] / got[base][key], unit="x",
-                                  ceiling=fwd[key] / got[base][key] if fwd else None,
-                                  ceiling_source=f"forward (no payload work) over {base}, this run"))  # fmt: skip
+        for m in mains:
+            out += _ratios(got, m, base, lab)
         out.append(
             Figure(
                 name=f"verified_{lab}",
@@ -70,20 +87,21 @@ def main() -> None:
     ap.add_argument("--systems", default="torch,inline,thread,forward")
     ap.add_argument("--blocks", default="4K,64K")
     ap.add_argument("--codec", default="zlib", help="codec of the CPU systems")
-    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=8, help="workers of the thread and process systems")
+    ap.add_argument("--gpu-workers", type=int, default=2, help="launch threads of the torch and nvcomp systems")
     ap.add_argument("--device", default="auto", help="torch engine device")
     ap.add_argument("--data", type=parse_size, default=32 << 20, help="data set (and export) bytes")
     ap.add_argument("--seconds", type=float, default=0.5)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--qemu-img", default="qemu-img")
-    ap.add_argument("--main", default="torch")
+    ap.add_argument("--main", default="torch", help="system(s) compared with --base; the first gets every figure")
     ap.add_argument("--base", default="inline")
     ap.add_argument("--name", default="infra_storage_tier_qemu")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     cfg = QemuLoadConfig(systems=args.systems.split(","), blocks=[parse_size(b) for b in args.blocks.split(",")],
-                         codec=args.codec, workers=args.workers, device=args.device, seconds=args.seconds,
-                         rounds=args.rounds, qemu_img=args.qemu_img)  # fmt: skip
+                         codec=args.codec, workers=args.workers, gpu_workers=args.gpu_workers, device=args.device,
+                         seconds=args.seconds, rounds=args.rounds, qemu_img=args.qemu_img)  # fmt: skip
     load0 = os.getloadavg()
 
     def save(rows: list[dict[str, Any]]) -> None:
@@ -93,10 +111,12 @@ def main() -> None:
             return
         notes = (f"qemu-img {args.qemu_img} as the NBD client (its own, not libnbd); fill = qemu-img convert -m 16 -W, "
                  "read/write = qemu-img bench -d 32 (sequential offsets, writes carry a constant pattern byte). "
-                 f"CPU systems use {args.codec}; torch runs ZVC on {args.device}. Server CPU from /proc. "
+                 f"CPU systems and nvcomp use {args.codec}; torch runs ZVC; GPU engines on {args.device} with "
+                 f"{args.gpu_workers} launch threads, thread/process pools {args.workers} workers. "
+                 "Server CPU from /proc. "
                  f"{os.cpu_count()} CPUs, load average {[round(x, 1) for x in load0]} -> "
                  f"{[round(x, 1) for x in os.getloadavg()]}.")  # fmt: skip
-        record = make_record(name=args.name, figures=figures(rows, args.main, args.base), config=vars(args),
+        record = make_record(name=args.name, figures=figures(rows, args.main.split(","), args.base), config=vars(args),
                              command=["python", *sys.argv], metrics={"rows": rows}, notes=notes)  # fmt: skip
         print("record:", write_record(record), flush=True)
 

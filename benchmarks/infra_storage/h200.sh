@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
-# carina.infra.storage on the GPU machine (NVIDIA H200, 16 cores): the GPU engine against the CPU middle tier, in ONE
-# run on the same host cores. HARD TIME BUDGET: BUDGET_S (default 120 s) of run time in all; give the call a limit of
-# at least BUDGET_S + 15 s. Every step runs under `timeout` with min(its maximum, what is left) and is SKIPPED when
-# less than its minimum is left, so no step starts that cannot finish. Each step writes its record into $OUT/storage/
-# the moment it ends (the tier step after each block size). Steps (max / min seconds), files in $OUT/storage/ (4 at most):
-#   (step 0, smoke (10 / 3 s): the torch engine's GPU path round-trips mixed blocks bit-exact with zlib CRCs through
-#       several launch threads; prints PASS or the first mismatch and whether the arena is registered; no file)
-#   infra_storage_engines_h200.json    step 1 (60 / 35 s): payload engines alone, in one process on the
-#       same cores: inline (the single-process CPU middle tier), thread pools 1,2,4,8,16, process pools 1,4,16 (zlib;
-#       LZ4 too when the carried wheel loads), the torch engine on the GPU (ZVC, 1 and 4 launch threads) and ZVC
-#       inline on the CPU; 4 KiB and 64 KiB blocks, 256 KiB requests, 32 in flight. gpu_vs_cpu_tier_<codec>_<B>_<op>
-#       = GPU engine MB/s over the best CPU tier using no more cores than the GPU engine's host side did, with the
-#       pinned PCIe copy rate of the same run as the ceiling (this is the issue's ">= 3x on the same cores" figure).
-#   infra_storage_gpu_codec_h200.json  step 2 (15 / 8 s): the engine's device work (ZVC pack/unpack + CRC-32 of every
-#       block on the GPU) on device-resident 64 MiB batches vs pinned H2D/D2H copies, 4 KiB and 64 KiB blocks.
-#   infra_storage_tier_h200.json       step 3 (35 / 20 s): the tier end to end with a real NBD client, qemu-img (its own
-#       client, no libnbd: fio's NBD engine needs libnbd -> libxml2 -> ICU plus Ceph/gluster libraries, ~84 MB, too
-#       big to carry): torch (GPU), inline, thread x8 (zlib), forward (codec raw: the ceiling); fill with qemu-img
-#       convert (16 in flight), reads and constant-pattern writes with qemu-img bench at queue depth 32.
-#   storage_h200.log                   everything printed, and the summary table at the end.
-# Carried (optional, DEBS=.debs-storage, 8 MB, git-ignored): qemu-utils and its libraries as Debian 12 .deb files
-# (unpacked with dpkg-deb -x into /tmp, run through a wrapper with LD_LIBRARY_PATH) and the lz4 wheel for Python 3.12
-# (unzipped into /tmp, on PYTHONPATH). Without it: step 3 is skipped unless qemu-img is installed, and LZ4 is skipped.
-# Build the folder in the checkout that the device call sends: bash benchmarks/infra_storage/fetch_h200_carry.sh
-# nvCOMP is not installed there, so ZVC is the only GPU codec; the records say so.
+# carina.infra.storage on the GPU machine (NVIDIA H200, 16 cores): the tier end to end with a real NBD client
+# (qemu-img), GPU engines against the CPU middle tier on the same host, in ONE run.
+# HARD TIME BUDGET: BUDGET_S (default 150 s) of run time in all; give the call (or the lane) at least BUDGET_S + 15 s.
+# Every step runs under `timeout` with min(its maximum, what is left) and is SKIPPED when less than its minimum is
+# left, so no step starts that cannot finish. Each record is written into $OUT/storage/ the moment its block size
+# ends (bench_tier_qemu.py rewrites its record after 4 KiB and again after 64 KiB).
+# Steps (max / min seconds), files in $OUT/storage/ (3 at most):
+#   smoke (10 / 3 s) and smoke_nvcomp (15 / 5 s): the torch (ZVC) and nvcomp (LZ4, zstd, deflate) engines round-trip
+#       mixed blocks bit-exact with zlib CRCs through several launch threads; nvcomp's deflate blocks are also
+#       decoded by zlib and zlib's by nvCOMP (LZ4/zstd too where their CPU packages load). PASS or FAIL, no file.
+#   infra_storage_tier_h200_lz4.json      step tier_lz4 (55 / 25 s): qemu-img fill (convert, 16 in flight, then a
+#       bit-exact compare), reads and constant-pattern writes (qemu-img bench, queue depth 32), 4 KiB and 64 KiB
+#       blocks, systems: nvcomp (GPU, LZ4, 1 launch thread), torch (GPU, ZVC, 1 launch thread), inline (the
+#       single-process CPU middle tier, LZ4), process (4 LZ4 worker processes), forward (codec raw: the ceiling).
+#       nvcomp_vs_inline_* and torch_vs_inline_* are the GPU engines over the CPU tier; CPU-s/GB of every system.
+#   infra_storage_tier_h200_deflate.json  step tier_deflate (55 / 25 s): the same with deflate (zlib's algorithm) as
+#       the CPU tier's and nvcomp's codec (a slower CPU codec, where offloading weighs more).
+#   storage_h200.log                      everything printed, and the summary table at the end.
+# Carried: ONE git-ignored folder, .debs-storage (30 MB), built by bash benchmarks/infra_storage/fetch_h200_carry.sh:
+#   qemu-utils and its libraries as Debian 12 .deb files (unpacked with dpkg-deb -x into /tmp, run through a wrapper
+#   with LD_LIBRARY_PATH), the lz4 wheel for Python 3.12, and nvCOMP 6.0.0.12 for CUDA 13 / CPython 3.12 as a .tar.xz
+#   of the PyPI wheels' runtime files (unpacked into /tmp, put on PYTHONPATH; nothing is installed). Without it: no
+#   qemu-img (tier steps skipped), no LZ4, no nvcomp system (left out, its reason in the log). NVCOMP_WHL=<folder of
+#   the two wheels> works too, where the call has room for them (34 MB).
 # Usage (repository root): OUT=<dir> bash benchmarks/infra_storage/h200.sh
 # CPU proof with tiny sizes: DEVICE=cpu PYTHON=/work/main/.venv/bin/python OUT=/tmp/storage_out bash benchmarks/...
 set -uo pipefail
@@ -31,21 +30,18 @@ set -uo pipefail
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
 DEBS=${DEBS:-.debs-storage}
+NVCOMP_WHL=${NVCOMP_WHL:-.whl-nvcomp}
 REC="$OUT/storage"
 mkdir -p "$REC"
 exec > >(tee "$REC/storage_h200.log") 2>&1
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$REC"
 [ -f .device-commit ] && export CARINA_SOURCE_COMMIT=$(cat .device-commit)  # the commit a copied tree holds
 if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine (a loaded 2-core box is slow)
-  BUDGET_S=${BUDGET_S:-900}; M=6
-  ENG=(--workers 1,2 --process-workers 2 --torch-workers 1,2 --data 2M --seconds 0.2)
-  GPU=(--data 4M --batch 2M --reps 1)
-  TIER=(--data 4M --seconds 0.2 --workers 2)
+  BUDGET_S=${BUDGET_S:-600}; M=4
+  TIER=(--data 4M --seconds 0.2 --workers 2 --gpu-workers 1)
 else
-  BUDGET_S=${BUDGET_S:-120}; M=1
-  ENG=(--workers 1,2,4,8,16 --process-workers 1,4,16 --torch-workers 1,4 --data 8M --seconds 0.3)
-  GPU=(--data 64M --batch 64M --reps 5)
-  TIER=(--data 32M --seconds 0.5 --workers 8)
+  BUDGET_S=${BUDGET_S:-150}; M=1
+  TIER=(--data 32M --seconds 0.5 --workers 4 --gpu-workers 1)
   nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
 fi
 start=$(date +%s)
@@ -60,13 +56,20 @@ step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipp
   echo "== $name rc=$rc after $(($(date +%s) - start)) s; files in $REC: $(find "$REC" -maxdepth 1 -type f | wc -l)"
 }
 
-# carried tools: the lz4 wheel onto PYTHONPATH, qemu-img from the .deb files behind a wrapper
+# carried tools: wheels (lz4, nvCOMP) unzipped onto PYTHONPATH, qemu-img from the .deb files behind a wrapper
+W=$(mktemp -d /tmp/carina-whl-XXXX)
 if ! "$PYTHON" -c "import lz4.block" 2>/dev/null && ls "$DEBS"/lz4-*.whl >/dev/null 2>&1; then
-  W=$(mktemp -d /tmp/carina-whl-XXXX)
-  for w in "$DEBS"/*.whl; do "$PYTHON" -m zipfile -e "$w" "$W"; done
-  export PYTHONPATH="$PYTHONPATH:$W"
+  for w in "$DEBS"/lz4-*.whl; do timeout 20 "$PYTHON" -m zipfile -e "$w" "$W"; done
 fi
-"$PYTHON" -c "import lz4.block; print('lz4', lz4.__version__)" 2>/dev/null || echo "lz4: not importable (CPU tier runs zlib only)"
+if ! "$PYTHON" -c "from nvidia import nvcomp" 2>/dev/null; then
+  for t in "$DEBS"/nvcomp-*.tar.xz; do [ -f "$t" ] && timeout 30 tar -xJf "$t" -C "$W"; done
+  for w in "$NVCOMP_WHL"/*.whl; do [ -f "$w" ] && timeout 30 "$PYTHON" -m zipfile -e "$w" "$W"; done
+fi
+export PYTHONPATH="$PYTHONPATH:$W"
+"$PYTHON" -c "import lz4.block; print('lz4', lz4.__version__)" 2>/dev/null || echo "lz4: not importable"
+NVCOMP=0
+"$PYTHON" -c "from nvidia import nvcomp; print('nvcomp', nvcomp.__version__, 'cuda', nvcomp.__cuda_version__)" \
+  2>/dev/null && NVCOMP=1 || echo "nvcomp: not importable (the nvcomp system is left out)"
 QEMU=${QEMU_IMG:-}
 if [ -z "$QEMU" ] && ls "$DEBS"/qemu-utils_*.deb >/dev/null 2>&1; then
   P=$(mktemp -d /tmp/carina-qemu-XXXX)
@@ -77,35 +80,41 @@ if [ -z "$QEMU" ] && ls "$DEBS"/qemu-utils_*.deb >/dev/null 2>&1; then
   "$P/qemu-img.sh" --version | head -1 && QEMU="$P/qemu-img.sh"
 fi
 [ -z "$QEMU" ] && QEMU=$(command -v qemu-img || true)
-echo "qemu-img: ${QEMU:-NOT AVAILABLE (step 3 skipped)}"
-CODECS=zlib,zvc
-"$PYTHON" -c "import lz4.block" 2>/dev/null && CODECS=zlib,lz4,zvc
+echo "qemu-img: ${QEMU:-NOT AVAILABLE (tier steps skipped)}"
 
 step smoke 3 10 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py --device "$DEVICE"
-step engines 35 60 "$PYTHON" benchmarks/infra_storage/bench_engines.py --codecs "$CODECS" --blocks 64K,4K \
-  --pools thread,process --request 256K --streams 32 --torch-device "$DEVICE" --rounds 1 "${ENG[@]}" \
-  --name infra_storage_engines_h200
-step gpu_codec 8 15 "$PYTHON" benchmarks/infra_storage/bench_gpu_codec.py --device "$DEVICE" --blocks 4K,64K \
-  --engine-data 0 "${GPU[@]}" --name infra_storage_gpu_codec_h200
+if [ "$NVCOMP" = 1 ]; then
+  step smoke_nvcomp 5 15 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py --device "$DEVICE" --engine nvcomp \
+    --codecs lz4,zstd,deflate
+fi
+SYSTEMS=nvcomp,torch,inline,process,forward
+[ "$NVCOMP" = 1 ] || SYSTEMS=torch,inline,process,forward
 if [ -n "$QEMU" ]; then
-  step tier 20 35 "$PYTHON" benchmarks/infra_storage/bench_tier_qemu.py --device "$DEVICE" --qemu-img "$QEMU" \
-    --systems torch,inline,thread,forward --blocks 4K,64K --codec zlib "${TIER[@]}" --name infra_storage_tier_h200
+  if "$PYTHON" -c "import lz4.block" 2>/dev/null; then
+    step tier_lz4 25 55 "$PYTHON" benchmarks/infra_storage/bench_tier_qemu.py --device "$DEVICE" --qemu-img "$QEMU" \
+      --systems "$SYSTEMS" --main nvcomp,torch --base inline --blocks 4K,64K --codec lz4 "${TIER[@]}" \
+      --name infra_storage_tier_h200_lz4
+  else
+    echo "== tier_lz4: SKIPPED (lz4 not importable)"
+  fi
+  step tier_deflate 25 55 "$PYTHON" benchmarks/infra_storage/bench_tier_qemu.py --device "$DEVICE" --qemu-img "$QEMU" \
+    --systems "$SYSTEMS" --main nvcomp,torch --base inline --blocks 4K,64K --codec deflate "${TIER[@]}" \
+    --name infra_storage_tier_h200_deflate
 fi
 
 "$PYTHON" - "$REC" <<'EOF'
 import json, pathlib, sys
 recs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))]
 print(f"\n{len(recs)} records in {sys.argv[1]}")
-print(f"{'record':<28} {'figure':<40} {'value':>10} {'unit':<6} {'ceiling':>10} {'ratio':>6}  peers")
+print(f"{'record':<34} {'figure':<36} {'value':>9} {'unit':<5} {'ceiling':>9} {'ratio':>5}  peers")
 for r in recs:
     for f in r["figures"]:
-        if not f["name"].startswith(("gpu_vs", "torch_vs", "zvc_kernel", "read_mb", "fill_mb", "available")) and \
-                "torch-" not in f["name"]:
+        if not f["name"].startswith(("nvcomp_vs", "torch_vs", "read_mb", "fill_mb", "write_const_mb", "verified")):
             continue
         ratio = f["ratio_to_ceiling"]
-        peers = ", ".join(f"{k} {v['value']:.4g}" for k, v in list(f["peers"].items())[:4])
+        peers = ", ".join(f"{k} {v['value']:.4g}" for k, v in list(f["peers"].items())[:5])
         ceil = f"{f['ceiling']:.4g}" if f["ceiling"] else "-"
-        print(f"{r['name']:<28} {f['name']:<40} {f['value']:>10.4g} {f['unit']:<6} {ceil:>10} "
-              f"{(f'{ratio:.0%}' if ratio else '-'):>6}  {peers}")
+        print(f"{r['name']:<34} {f['name']:<36} {f['value']:>9.4g} {f['unit']:<5} {ceil:>9} "
+              f"{(f'{ratio:.0%}' if ratio else '-'):>5}  {peers}")
 EOF
 echo "storage h200 done after $(($(date +%s) - start)) s (budget $BUDGET_S s)"

@@ -176,3 +176,27 @@ def test_pieces_hold_at_least_min_piece_bytes_of_payload() -> None:
     asyncio.run(go(engine, 16))  # 16 blocks: four pieces of four
     assert engine.sizes == [6, 4, 4, 4, 4]
     engine.close()
+
+
+def test_gated_process_pool_under_uvloop_takes_batches_larger_than_a_socket_buffer() -> None:
+    # uvloop sets watched fds non-blocking; a gated pool sends batches of thousands of jobs (replies > 64 KiB)
+    uvloop = pytest.importorskip("uvloop")
+    n = 3000
+    pool = ProcessEngine(2 * n * 512, workers=1, max_inflight=1)
+    try:
+        view = pool.arena.view
+        for i in range(n):
+            view[i * 512 : (i + 1) * 512] = ((b"%06d uvloop batch " % i) * 30)[:512]
+
+        async def go() -> list:
+            first = pool.run([(Op.COMPRESS, Codec.ZLIB, 0, 512, n * 512, 512, 0)])
+            rest = [pool.run([(Op.COMPRESS, Codec.ZLIB, i * 512, 512, (n + i) * 512, 512, 0)]) for i in range(1, n)]
+            return await asyncio.gather(first, *rest)
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            got = runner.run(go())
+        assert pool.batches == 1 and [r[0][0] for r in got] == [Codec.ZLIB] * n  # 3000 requests, one batch
+        assert pool._next_id == 3  # sent as pieces of at most 1024 jobs
+        assert len({r[0][1] for r in got}) > 1
+    finally:
+        pool.close()

@@ -50,11 +50,11 @@ def test_codecs_round_trip_and_fall_back(codec: Codec) -> None:
     assert results[1][0] == Codec.RAW and results[1][1] == B  # incompressible: stored raw
     assert results[3][1] == 0  # all zero: a hole, nothing stored
     assert results[2][1] < B // 4 if codec != Codec.RAW else results[2][1] == B
-    if codec in (Codec.LZ4, Codec.ZSTD, Codec.ZLIB):
+    if codec in (Codec.LZ4, Codec.ZSTD, Codec.ZLIB, Codec.DEFLATE):
         assert results[0][0] == codec and results[0][1] < B // 10
 
 
-@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD, Codec.ZLIB, Codec.ZVC])
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD, Codec.ZLIB, Codec.DEFLATE, Codec.ZVC])
 def test_decompress_detects_checksum_and_corruption(codec: Codec) -> None:
     sparse = bytearray(B)
     sparse[::97] = b"x" * len(sparse[::97])

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Op, run_jobs
 from carina.infra.storage.crc import RowCrc32, row_crc32
 from carina.infra.storage.engines import InlineEngine
+from carina.infra.storage.rowcopy import runs_of as _runs
 from carina.infra.storage.torch_engine import TorchEngine
 from carina.infra.storage.zvc import zvc_compress
-from carina.infra.storage.zvcbatch import ZvcBatcher, _runs
+from carina.infra.storage.zvcbatch import ZvcBatcher
 
 
 @pytest.mark.parametrize("length", [8, 24, 512, 4096, 8208, 65536])
@@ -154,3 +155,13 @@ def test_torch_engine_with_several_launch_threads_matches_inline_both_ways() -> 
     finally:
         inline.close()
         engine.close()
+
+
+def test_graph_buckets_and_the_eager_path_off_cuda() -> None:
+    from carina.infra.storage.graphs import GraphRunner, bucket_of
+
+    assert [bucket_of(n) for n in (1, 2, 3, 5, 8, 9, 512)] == [1, 2, 4, 8, 8, 16, 512]
+    runner = GraphRunner()
+    rows = torch.arange(24, dtype=torch.uint8).view(3, 8)
+    (doubled,) = runner(("double", 8), lambda r: (r * 2,), (rows,), stream=None)
+    assert torch.equal(doubled, rows * 2) and runner.eager == 1 and runner.replays == 0

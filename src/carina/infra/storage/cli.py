@@ -34,7 +34,8 @@ def _tier_config(**kw: Any) -> Any:
             path=kw["store"], size=parse_size(kw["size"]), block_size=parse_size(kw["block_size"]),
             codec=CodecName(kw["codec"]),
         ),
-        engine=EngineConfig(kind=EngineKind(kw["engine"]), workers=kw["workers"], device=kw["device"]),
+        engine=EngineConfig(kind=EngineKind(kw["engine"]), workers=kw["workers"], device=kw["device"],
+                            inflight=kw["inflight"]),
         server=ServerConfig(
             host=kw["host"], port=kw["port"], export=kw["export"], slots=kw["slots"],
             loop=LoopKind(kw["loop"]), stats_interval=kw["stats_interval"],
@@ -47,10 +48,13 @@ def serve(
     store: Annotated[Path, typer.Option(help="Store directory (created if absent).")] = Path("carina-store"),
     size: _SizeOpt = "1G",
     block_size: Annotated[str, typer.Option(help="Compression block size.")] = "64K",
-    codec: Annotated[str, typer.Option(help="raw, zlib, lz4, zstd or zvc.")] = "lz4",
-    engine: Annotated[str, typer.Option(help="Payload engine: inline, thread, process or torch.")] = "process",
+    codec: Annotated[str, typer.Option(help="raw, zlib, deflate, lz4, zstd or zvc.")] = "lz4",
+    engine: Annotated[str, typer.Option(help="Payload engine: inline, thread, process, torch or nvcomp.")] = "process",
     workers: Annotated[int, typer.Option(help="Threads, worker processes or launch threads (torch).")] = 2,
     device: Annotated[str, typer.Option(help="Torch engine device (auto, cpu, cuda).")] = "auto",
+    inflight: Annotated[
+        int | None, typer.Option(help="Most engine batches in flight (default: the engine's; 0: no limit).")
+    ] = None,
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks one).")] = 10809,
     export: Annotated[str, typer.Option(help="Export name.")] = "carina",

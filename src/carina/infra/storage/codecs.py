@@ -31,6 +31,8 @@ __all__ = [
     "Job",
     "Op",
     "Result",
+    "block_compressor",
+    "block_decompressor",
     "codec_available",
     "compress_block",
     "decompress_block",
@@ -46,6 +48,7 @@ class Codec(enum.IntEnum):
     LZ4 = 2
     ZSTD = 3
     ZVC = 4  # zero-value compression: bitmap of non-zero bytes + those bytes (torch, batched)
+    DEFLATE = 5  # raw deflate (RFC 1951, no zlib header): what nvCOMP's deflate writes and reads
 
 
 class Op(enum.IntEnum):
@@ -101,7 +104,8 @@ def _lz4() -> Any:
     return lz4.block
 
 
-def _compressor(codec: Codec) -> Callable[[memoryview], bytes]:
+def block_compressor(codec: Codec) -> Callable[[memoryview], bytes]:
+    """The per-block CPU compressor of ``codec`` (raises BackendUnavailable when its package is missing)."""
     if codec == Codec.LZ4:
         block = _lz4()
         return lambda src: block.compress(src, store_size=False)
@@ -109,10 +113,19 @@ def _compressor(codec: Codec) -> Callable[[memoryview], bytes]:
         return _zstd()[0].compress
     if codec == Codec.ZLIB:
         return lambda src: zlib.compress(src, 1)
+    if codec == Codec.DEFLATE:
+        return _deflate
     raise BackendUnavailable(f"codec {codec.name} has no per-block CPU compressor")
 
 
-def _decompressor(codec: Codec) -> Callable[[memoryview, int], bytes]:
+def _deflate(src: memoryview) -> bytes:
+    """Raw deflate at level 1 (window 2**15, no header or trailer)."""
+    c = zlib.compressobj(1, zlib.DEFLATED, -15)
+    return c.compress(src) + c.flush()
+
+
+def block_decompressor(codec: Codec) -> Callable[[memoryview, int], bytes]:
+    """The per-block CPU decompressor of ``codec``: ``(stored, block length) -> block``."""
     if codec == Codec.LZ4:
         block = _lz4()
         return lambda src, n: block.decompress(src, uncompressed_size=n)
@@ -121,6 +134,8 @@ def _decompressor(codec: Codec) -> Callable[[memoryview, int], bytes]:
         return lambda src, n: dctx.decompress(src, max_output_size=n)
     if codec == Codec.ZLIB:
         return lambda src, n: zlib.decompress(src, bufsize=n)
+    if codec == Codec.DEFLATE:
+        return lambda src, n: zlib.decompress(src, -15, n)
     raise BackendUnavailable(f"codec {codec.name} has no per-block CPU decompressor")
 
 
@@ -137,7 +152,7 @@ def compress_block(codec: Codec, src: memoryview, dst: memoryview) -> Result:
     out: bytes | memoryview = src
     used = Codec.RAW
     if codec != Codec.RAW:
-        packed = _compressor(codec)(src)
+        packed = block_compressor(codec)(src)
         if len(packed) < len(src):
             out, used = packed, codec
     n = len(out)
@@ -155,7 +170,7 @@ def decompress_block(codec: Codec, src: memoryview, dst: memoryview, crc: int) -
         dst[:] = src
         return (int(codec), len(dst), crc)
     try:
-        out = _decompressor(codec)(src, len(dst))
+        out = block_decompressor(codec)(src, len(dst))
     except Exception:  # noqa: BLE001 - any codec failure means corrupt input
         return (int(codec), ERR_CORRUPT, 0)
     if len(out) != len(dst):

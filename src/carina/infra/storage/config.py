@@ -31,6 +31,7 @@ class CodecName(enum.Enum):
     LZ4 = "lz4"
     ZSTD = "zstd"
     ZVC = "zvc"
+    DEFLATE = "deflate"
 
     @property
     def codec(self) -> Codec:
@@ -53,6 +54,7 @@ class EngineKind(enum.Enum):
     THREAD = "thread"  # a pool of threads in the same process (the codecs release the GIL)
     PROCESS = "process"  # a pool of worker processes sharing the payload arena
     TORCH = "torch"  # batched torch kernels (ZVC) on a GPU, or on the CPU with the same code
+    NVCOMP = "nvcomp"  # nVIDIA nvCOMP batched LZ4 / zstd / deflate on a GPU (many blocks per launch)
 
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -113,16 +115,21 @@ class EngineConfig(Config):
         kind: ``inline``, ``thread``, ``process`` or ``torch``.
         workers: Threads of the ``thread`` engine, worker processes of the ``process`` engine, launch
             threads (each with its own CUDA stream) of the ``torch`` engine.
-        device: Torch device of the ``torch`` engine (``auto``: CUDA when present, else CPU).
+        device: Torch device of the ``torch`` and ``nvcomp`` engines (``auto``: CUDA when present, else CPU).
+        inflight: Most batches in flight at once; jobs submitted while that many run wait and leave together
+            as the next batch (``None``: the engine's default, one per launch thread for ``torch`` and
+            ``nvcomp``, no limit for the CPU pools; ``0``: no limit).
     """
 
     kind: EngineKind = EngineKind.PROCESS
     workers: int = 2
     device: str = "auto"
+    inflight: int | None = None
 
     def validate(self) -> None:
         """Check the worker count."""
         require(1 <= self.workers <= 256, "workers must be between 1 and 256", key="workers")
+        require(self.inflight is None or 0 <= self.inflight <= 4096, "inflight must be 0..4096", key="inflight")
 
 
 @dataclass(kw_only=True)

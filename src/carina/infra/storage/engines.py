@@ -14,7 +14,10 @@ tier), ``thread`` in a pool of threads of the same process (zlib, lz4 and zstd
 release the GIL while they compress, so the threads run in parallel with each
 other and with the event loop; no pipes, no pickling), ``process`` in worker
 processes that map the same arena (shared memory, no payload copies over
-pipes), ``torch`` in launch threads driving batched ZVC kernels on a GPU or the CPU.
+pipes), ``torch`` in launch threads driving batched ZVC kernels on a GPU or the CPU, ``nvcomp`` in the
+same launch threads driving nVIDIA nvCOMP's batched codecs. An engine may cap the batches in flight
+(``max_inflight``): jobs submitted meanwhile, from every connection, wait and leave together as the next
+batch (the GPU engines keep one per launch thread).
 """
 
 from __future__ import annotations
@@ -92,9 +95,15 @@ class PayloadEngine(Backend):
     min_jobs = 1
     #: Fewest payload bytes worth a piece of their own (a GPU launch sequence costs the same for 4 KiB or 4 MiB).
     min_piece_bytes = 0
+    #: Most jobs in one piece (0: no limit); longer pieces are cut, keeping each message to a worker small.
+    max_piece_jobs = 0
 
-    def __init__(self, arena: Arena) -> None:
+    def __init__(self, arena: Arena, *, max_inflight: int = 0) -> None:
         self.arena = arena
+        #: Most pieces in flight at once (0: no limit). While that many run, jobs submitted meanwhile (from
+        #: every connection) wait here and leave together as the next batch, the moment a piece comes back.
+        self.max_inflight = max_inflight
+        self._inflight = 0
         self._pending: list[tuple[asyncio.Future[list[Result]], list[Job]]] = []
         self._scheduled = False
         self.batches = 0
@@ -114,10 +123,18 @@ class PayloadEngine(Backend):
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[Result]] = loop.create_future()
         self._pending.append((fut, list(jobs)))
-        if not self._scheduled:
+        self._schedule(loop)
+        return await fut
+
+    def _room(self) -> int:
+        """Pieces that may be launched now."""
+        return self.pieces if self.max_inflight <= 0 else min(self.pieces, self.max_inflight - self._inflight)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Flush the pending jobs at the end of this loop turn, unless every piece allowed is in flight."""
+        if self._pending and not self._scheduled and self._room() > 0:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await fut
 
     def _flush(self) -> None:
         """Launch this loop turn's jobs as up to :attr:`pieces` pieces; each request completes with its pieces.
@@ -128,6 +145,9 @@ class PayloadEngine(Backend):
         lockstep.
         """
         self._scheduled = False
+        room = self._room()
+        if not self._pending or room <= 0:
+            return
         pending, self._pending = self._pending, []
         flat = [job for _, jobs in pending for job in jobs]
         self.batches += 1
@@ -138,26 +158,35 @@ class PayloadEngine(Backend):
             pos += len(jobs)
         results: list[Result] = [(0, 0, 0)] * len(flat)
         block = max(flat[0][3] if flat[0][0] == 0 else flat[0][5], 1)
-        pieces = _split(len(flat), self.pieces, max(self.min_jobs, self.min_piece_bytes // block))
+        pieces = _split(len(flat), room, max(self.min_jobs, self.min_piece_bytes // block))
+        if self.max_piece_jobs:
+            cap = self.max_piece_jobs
+            pieces = [(lo, min(lo + cap, b)) for a, b in pieces for lo in range(a, b, cap)]
         waits = [sum(1 for a, b in pieces if a < stop and start < b) for _, start, stop in spans]
         for a, b in pieces:
             members = [i for i, (_, start, stop) in enumerate(spans) if a < stop and start < b]
+            finish = self._finisher(a, members, spans, waits, results)
+            self._inflight += 1
             try:
-                self._launch(flat[a:b], self._finisher(a, members, spans, waits, results))
+                self._launch(flat[a:b], finish)
             except Exception as exc:  # noqa: BLE001 - fail the waiters, not the loop
-                self._finisher(a, members, spans, waits, results)(exc)
+                finish(exc)
 
-    @staticmethod
     def _finisher(
+        self,
         start: int,
         members: list[int],
         spans: list[tuple[asyncio.Future[list[Result]], int, int]],
         waits: list[int],
         results: list[Result],
     ) -> _Done:
-        """The callback of one piece: store its results, complete the requests it was the last piece of."""
+        """The callback of one piece: store its results, finish the requests it ends, launch what waited."""
 
         def done(out: list[Result] | BaseException) -> None:
+            self._inflight -= 1
+            if self._pending:
+                with contextlib.suppress(RuntimeError):  # no running loop: the engine is being torn down
+                    self._schedule(asyncio.get_running_loop())
             if not isinstance(out, BaseException):
                 results[start : start + len(out)] = out
             for i in members:
@@ -175,6 +204,10 @@ class PayloadEngine(Backend):
     @abc.abstractmethod
     def _launch(self, jobs: list[Job], done: _Done) -> None:
         """Start ``jobs``; call ``done`` (in the loop thread) with results or an exception."""
+
+    def prepare(self, block_size: int, codec: Codec) -> None:
+        """Get ready for blocks of ``block_size`` in ``codec`` before the first request (default: nothing)."""
+        return None
 
     def close(self) -> None:
         """Stop workers and unmap the arena."""
@@ -217,8 +250,8 @@ class ThreadEngine(PayloadEngine):
 
     name = "thread"
 
-    def __init__(self, arena_bytes: int, *, workers: int = 2, min_jobs: int = 1) -> None:
-        super().__init__(Arena(arena_bytes))
+    def __init__(self, arena_bytes: int, *, workers: int = 2, min_jobs: int = 1, max_inflight: int = 0) -> None:
+        super().__init__(Arena(arena_bytes), max_inflight=max_inflight)
         self.workers = self.pieces = workers
         self.min_jobs = min_jobs
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="carina-codec")
@@ -265,11 +298,14 @@ class ProcessEngine(PayloadEngine):
     """A pool of worker processes that map the arena; each piece goes to the least busy worker."""
 
     name = "process"
+    # job and result messages stay far below a socket buffer, so a blocking send to a busy worker cannot
+    # wait on a worker that is itself blocked sending results back
+    max_piece_jobs = 1024
 
-    def __init__(self, arena_bytes: int, *, workers: int = 2) -> None:
+    def __init__(self, arena_bytes: int, *, workers: int = 2, max_inflight: int = 0) -> None:
         import multiprocessing as mp
 
-        super().__init__(Arena(arena_bytes, shared=True))
+        super().__init__(Arena(arena_bytes, shared=True), max_inflight=max_inflight)
         ctx = mp.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: list[Any] = []
@@ -307,6 +343,9 @@ class ProcessEngine(PayloadEngine):
         self._loop = loop
         for i, conn in enumerate(self._conns):
             loop.add_reader(conn.fileno(), self._on_reply, i)
+            # uvloop makes a watched fd non-blocking: a reply larger than the socket buffer (a batch of many
+            # requests) would then end in EAGAIN halfway through recv(); readiness is all the loop needs
+            os.set_blocking(conn.fileno(), True)
 
     def _launch(self, jobs: list[Job], done: _Done) -> None:
         self._attach()
@@ -368,16 +407,21 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
         BackendUnavailable: The engine cannot run here or cannot run ``codec``.
     """
     engine: PayloadEngine
+    gate: dict[str, Any] = {} if config.inflight is None else {"max_inflight": config.inflight}
     if config.kind == EngineKind.INLINE:
         engine = InlineEngine(arena_bytes)
     elif config.kind == EngineKind.THREAD:
-        engine = ThreadEngine(arena_bytes, workers=config.workers)
+        engine = ThreadEngine(arena_bytes, workers=config.workers, **gate)
     elif config.kind == EngineKind.PROCESS:
-        engine = ProcessEngine(arena_bytes, workers=config.workers)
+        engine = ProcessEngine(arena_bytes, workers=config.workers, **gate)
+    elif config.kind == EngineKind.NVCOMP:
+        from carina.infra.storage.nvcomp_engine import NvcompEngine
+
+        engine = NvcompEngine(arena_bytes, device=config.device, workers=config.workers, codec=codec, **gate)
     else:
         from carina.infra.storage.torch_engine import TorchEngine
 
-        engine = TorchEngine(arena_bytes, device=config.device, workers=config.workers)
+        engine = TorchEngine(arena_bytes, device=config.device, workers=config.workers, **gate)
     reasons = engine.unsupported_reasons(codec)
     if reasons:
         engine.close()

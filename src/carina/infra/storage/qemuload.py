@@ -23,6 +23,7 @@ every figure has its CPU cost per GB next to it::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -44,8 +45,9 @@ __all__ = ["QEMU_SYSTEMS", "QemuLoadConfig", "run_qemu_load"]
 log = logging.getLogger("carina.infra.storage")
 
 #: System -> (engine, codec); ``cpu`` means the config's CPU codec.
-QEMU_SYSTEMS = {"torch": ("torch", "zvc"), "inline": ("inline", "cpu"), "thread": ("thread", "cpu"),
-                "process": ("process", "cpu"), "forward": ("inline", "raw")}  # fmt: skip
+QEMU_SYSTEMS = {"torch": ("torch", "zvc"), "nvcomp": ("nvcomp", "cpu"), "inline": ("inline", "cpu"),
+                "thread": ("thread", "cpu"), "process": ("process", "cpu"), "forward": ("inline", "raw")}  # fmt: skip
+_GPU = ("torch", "nvcomp")
 
 
 @dataclass(kw_only=True)
@@ -56,8 +58,9 @@ class QemuLoadConfig(Config):
         systems: Keys of :data:`QEMU_SYSTEMS`.
         blocks: Request sizes (each also the tier's block size).
         codec: Codec of the CPU systems.
-        workers: Workers of the ``thread``/``process`` systems and launch threads of ``torch``.
-        device: Torch device of the ``torch`` system.
+        workers: Workers of the ``thread``/``process`` systems.
+        gpu_workers: Launch threads (CUDA streams) of the ``torch`` and ``nvcomp`` systems.
+        device: Torch device of the ``torch`` and ``nvcomp`` systems.
         seconds: Target length of each bench run.
         rounds: Rounds of every load on every system (medians reported).
         qemu_img: The qemu-img executable.
@@ -67,6 +70,7 @@ class QemuLoadConfig(Config):
     blocks: list[int] = field(default_factory=lambda: [4 << 10, 64 << 10])
     codec: str = "zlib"
     workers: int = 8
+    gpu_workers: int = 2
     device: str = "auto"
     seconds: float = 1.0
     rounds: int = 1
@@ -86,6 +90,7 @@ class _Server:
     proc: subprocess.Popen[str]
     store: Path
     url: str = ""
+    stopped: bool = False
 
 
 def _start(cfg: QemuLoadConfig, system: str, block: int, size: int, work: Path) -> _Server:
@@ -94,7 +99,8 @@ def _start(cfg: QemuLoadConfig, system: str, block: int, size: int, work: Path) 
     shutil.rmtree(store, ignore_errors=True)
     cmd = [sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0", "--store", str(store),
            "--size", str(size), "--block-size", str(block), "--engine", engine,
-           "--codec", cfg.codec if codec == "cpu" else codec, "--workers", str(cfg.workers), "--device", cfg.device,
+           "--codec", cfg.codec if codec == "cpu" else codec, "--device", cfg.device,
+           "--workers", str(cfg.gpu_workers if system in _GPU else cfg.workers),
            "--slots", "64", "--stats-interval", "3600"]  # fmt: skip
     return _Server(system, block, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
                    store)  # fmt: skip
@@ -108,13 +114,23 @@ def _ready(server: _Server) -> None:
     server.url = json.loads(line)["url"]
 
 
-def _stop(server: _Server) -> None:
+def _stop(server: _Server) -> dict[str, Any]:
+    """Stop the server; its final stats (``{}`` when it printed none)."""
+    if server.stopped:
+        return {}
+    server.stopped = True
     server.proc.terminate()
     try:
-        server.proc.communicate(timeout=30)
+        out, _ = server.proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         server.proc.kill()
-        server.proc.communicate()
+        out, _ = server.proc.communicate()
+    for line in reversed((out or "").splitlines()):
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if event.get("event") == "stopped":
+                return dict(event)
+    return {}
 
 
 def _timed(server: _Server, cmd: list[str]) -> tuple[float, float, str]:
@@ -199,7 +215,12 @@ def run_qemu_load(cfg: QemuLoadConfig, image: Path, *, work: Path, on_block: Any
                 log.warning("%s: %s, left out", server.system, exc)
                 servers.remove(server)
         for block in cfg.blocks:
-            rows += _load_block(cfg, [s for s in servers if s.block == block], image)
+            these = [s for s in servers if s.block == block]
+            got = _load_block(cfg, these, image)
+            for server, row in zip(these, got, strict=True):  # the engine's batching over all loads of the block
+                final = _stop(server)
+                row["engine_jobs_per_batch"] = final.get("engine_jobs", 0) / max(final.get("engine_batches", 0), 1)
+            rows += got
             if on_block is not None:
                 on_block(rows)
     return rows

@@ -50,7 +50,7 @@ async def serve(
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), config.server.stats_interval)
-            snap = stats.snapshot(tier.store)
+            snap = _snapshot(stats, tier)
             write_stats_file(stats_path, snap)
             if on_stats is not None:
                 on_stats(snap)
@@ -59,9 +59,14 @@ async def serve(
             loop.remove_signal_handler(sig)
         await server.close()
         tier.close()
-    final = stats.snapshot(tier.store)
+    final = _snapshot(stats, tier)
     write_stats_file(stats_path, final)
     return final
+
+
+def _snapshot(stats: TierStats, tier: Tier) -> dict[str, Any]:
+    """Live stats plus the engine's batching (batches launched, jobs in them)."""
+    return {**stats.snapshot(tier.store), "engine_batches": tier.engine.batches, "engine_jobs": tier.engine.jobs}
 
 
 def loop_factory(kind: LoopKind) -> Callable[[], asyncio.AbstractEventLoop]:

@@ -175,6 +175,7 @@ class Tier:
         try:
             arena = srv.slots * SlotPool.slot_span(srv.slot_bytes, sc.block_size)
             engine = build_engine(config.engine, arena_bytes=arena, codec=sc.codec.codec)
+            engine.prepare(sc.block_size, sc.codec.codec)
         except BaseException:
             store.close()
             raise

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from carina.core.errors import BackendUnavailable
 from carina.infra.storage.codecs import Codec, Job, Result
@@ -45,22 +45,27 @@ class TorchEngine(PayloadEngine):
     name = "torch"
     min_piece_bytes = 1 << 20  # a loop turn of less than 2 MiB is not cut up: fewer, fuller launches
 
-    def __init__(self, arena_bytes: int, *, device: str = "auto", workers: int = 2) -> None:
+    def __init__(self, arena_bytes: int, *, device: str = "auto", workers: int = 2, max_inflight: int = -1) -> None:
         import torch
 
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BackendUnavailable("torch engine asked for CUDA but none is visible", device=device)
-        super().__init__(Arena(arena_bytes))
+            raise BackendUnavailable(f"{self.name} engine asked for CUDA but none is visible", device=device)
+        # one batch per launch thread in flight: what arrives meanwhile (from every connection) is the next batch
+        super().__init__(Arena(arena_bytes), max_inflight=workers if max_inflight < 0 else max_inflight)
         self.device = device
         self.workers = self.pieces = workers
-        # raw blocks go to the device too when it is a GPU (payloads bypass the host); on the CPU zlib does them
-        self._batcher: ZvcBatcher | None = ZvcBatcher(self.arena.view, device, raw_reads=self.cuda)
+        self._batcher: Any = self._make_batcher()
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="carina-torch-codec")
         self._pool.submit(self._warm_up).result()
         self.registered = self._register()
+
+    def _make_batcher(self) -> Any:
+        """What runs a piece's jobs on the device: ZVC kernels here."""
+        # raw blocks go to the device too when it is a GPU (payloads bypass the host); on the CPU zlib does them
+        return ZvcBatcher(self.arena.view, self.device, raw_reads=self.cuda)
 
     @property
     def cuda(self) -> bool:
@@ -85,7 +90,6 @@ class TorchEngine(PayloadEngine):
             return False
         import torch
 
-        assert self._batcher is not None
         host = self._batcher.host
         err: object = None
         try:
@@ -107,6 +111,30 @@ class TorchEngine(PayloadEngine):
             return [f"the torch engine has no {request.name.lower()} kernel; use --codec zvc"]
         return super().unsupported_reasons(request)
 
+    def prepare(self, block_size: int, codec: Codec) -> None:
+        """On CUDA: capture every launch thread's graphs for ``block_size`` now, not in the first requests."""
+        if not self.cuda:
+            return
+        gate = threading.Barrier(self.workers)  # one task per launch thread: each captures its own graphs
+        for f in [self._pool.submit(self._prepare_thread, gate, block_size, codec) for _ in range(self.workers)]:
+            f.result()
+
+    def _prepare_thread(self, gate: threading.Barrier, block_size: int, codec: Codec) -> None:
+        """Run compress and decompress batches of every graph bucket through this thread's stream."""
+        from carina.infra.storage.codecs import Op
+
+        gate.wait(60)
+        runner = self._batcher.graphs
+        rows, room = 1, self.arena.nbytes // (2 * block_size)
+        while rows * block_size <= runner.max_bytes and rows <= room:
+            b, span = block_size, rows * block_size
+            pack: list[Job] = [(Op.COMPRESS, codec, i * b, b, span + i * b, b, 0) for i in range(rows)]
+            unpack: list[Job] = [(Op.DECOMPRESS, codec, span + i * b, b // 2, i * b, b, 1) for i in range(rows)]
+            for jobs in (pack, unpack):
+                with contextlib.suppress(Exception):  # a warm-up batch may fail its checks; its graphs are made
+                    self._run_piece(jobs)
+            rows *= 2
+
     def _stream(self) -> Any:
         """This launch thread's CUDA stream (``None`` on the CPU)."""
         if not self.cuda:
@@ -119,8 +147,7 @@ class TorchEngine(PayloadEngine):
         return stream
 
     def _run_piece(self, jobs: list[Job]) -> list[Result]:
-        assert self._batcher is not None
-        return self._batcher.run(jobs, stream=self._stream())
+        return cast(list[Result], self._batcher.run(jobs, stream=self._stream()))
 
     def _launch(self, jobs: list[Job], done: _Done) -> None:
         loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ code runs in torch on the CPU::
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import zlib
 from collections.abc import Sequence
@@ -27,19 +28,10 @@ from typing import Any, cast
 import numpy as np
 
 from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Job, Op, Result, run_jobs
+from carina.infra.storage.graphs import GraphRunner
+from carina.infra.storage.rowcopy import RowMover, runs_of
 
-__all__ = ["ZvcBatcher"]
-
-#: ``(first row, rows, source offset, destination offset)`` of blocks that lie back to back.
-Run = tuple[int, int, int, int]
-
-
-def _runs(src: np.ndarray, dst: np.ndarray, length: int) -> list[Run]:
-    """Cut a group into runs of blocks contiguous in both source and destination."""
-    cut = np.flatnonzero((src[1:] != src[:-1] + length) | (dst[1:] != dst[:-1] + length)) + 1
-    starts = np.concatenate(([0], cut))
-    counts = np.diff(np.concatenate((starts, [len(src)])))
-    return list(zip(starts.tolist(), counts.tolist(), src[starts].tolist(), dst[starts].tolist(), strict=True))
+__all__ = ["ZvcBatcher", "host_crc32", "read_back"]
 
 
 class ZvcBatcher:
@@ -61,6 +53,8 @@ class ZvcBatcher:
         self.mv = mv
         self.arena = np.frombuffer(mv, dtype=np.uint8)
         self.host = torch.from_numpy(self.arena)
+        self.mover = RowMover(self.arena, self.host)
+        self.graphs = GraphRunner()
         self.device = device
         self.raw_reads = raw_reads
         self.device_crc = device != "cpu" if device_crc is None else device_crc
@@ -108,36 +102,26 @@ class ZvcBatcher:
 
         from carina.infra.storage.crc import row_crc32
 
-        runs = _runs(a[:, 2], a[:, 4], length)
-        crc = row_crc32(length, self.device) if self.device_crc else _host_crc32
+        runs = runs_of(a[:, 2], a[:, 4], length)
+        crc = row_crc32(length, self.device) if self.device_crc else host_crc32
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
             rows = torch.empty((len(a), length), dtype=torch.uint8, device=self.device)
-            for r, k, src, _ in runs:
-                rows[r : r + k].copy_(self._source(src, k, length), non_blocking=True)
+            self.mover.upload(rows, runs, length)
             if op == Op.COMPRESS:
-                blocks, codec, size = _pack(rows)
-                res = torch.stack([codec, size, crc(blocks, size)], 1)
+                blocks, res = self.graphs(("zvc-pack", length), functools.partial(_pack_step, crc=crc), (rows,),
+                                          stream=stream)  # fmt: skip
             else:
-                meta = torch.from_numpy(np.ascontiguousarray(a[:, [1, 3, 6]].T)).to(self.device, non_blocking=True)
-                blocks, res = _unpack(rows, meta, crc)
-            for r, k, _, dst in runs:
-                self.host[dst : dst + k * length].view(k, length).copy_(blocks[r : r + k], non_blocking=True)
-            return _read_back(res)
-
-    def _source(self, src: int, rows: int, length: int) -> Any:
-        """The arena's ``rows`` blocks from ``src`` as a ``(rows, length)`` tensor (zero-padded past the end)."""
-        end = src + rows * length
-        if end <= len(self.arena):
-            return self.host[src:end].view(rows, length)
-        import torch
-
-        padded = torch.zeros(rows * length, dtype=torch.uint8)
-        padded[: len(self.arena) - src] = self.host[src:]
-        return padded.view(rows, length)
+                meta = torch.from_numpy(np.ascontiguousarray(a[:, [1, 3, 6]])).to(self.device, non_blocking=True)
+                blocks, res = self.graphs(("zvc-unpack", length), functools.partial(_unpack_step, crc=crc),
+                                          (rows, meta), stream=stream)  # fmt: skip
+            scatter = self.mover.download(blocks, runs, length)
+            out = read_back(res)
+        scatter()
+        return out
 
 
-def _read_back(res: Any) -> np.ndarray:
+def read_back(res: Any) -> np.ndarray:
     """The results on the host, once everything queued before them on this stream (the downloads) is done.
 
     On CUDA the wait is a blocking event (the thread sleeps instead of
@@ -156,7 +140,7 @@ def _read_back(res: Any) -> np.ndarray:
     return np.asarray(host.numpy())
 
 
-def _host_crc32(rows: Any, lengths: Any) -> Any:
+def host_crc32(rows: Any, lengths: Any) -> Any:
     """``zlib.crc32`` of each (CPU) row's first ``lengths`` bytes."""
     import torch
 
@@ -164,10 +148,19 @@ def _host_crc32(rows: Any, lengths: Any) -> Any:
     return torch.tensor([zlib.crc32(r[i, :s]) for i, s in enumerate(lengths.tolist())], dtype=torch.int64)
 
 
-def _pack(rows: Any) -> tuple[Any, Any, Any]:
+def _pack_step(rows: Any, *, crc: Any) -> tuple[Any, Any]:
+    """ZVC-pack ``(n, L)`` rows: the stored rows and ``(codec, size, crc)`` of each (one graph on CUDA)."""
+    import torch
+
     from carina.infra.storage.zvc import pack_rows
 
-    return pack_rows(rows)
+    blocks, codec, size = pack_rows(rows)
+    return blocks, torch.stack([codec, size, crc(blocks, size)], 1)
+
+
+def _unpack_step(rows: Any, meta: Any, *, crc: Any) -> tuple[Any, Any]:
+    """Check and decode stored rows; ``meta`` is ``(n, 3)``: codec, stored length, expected CRC."""
+    return _unpack(rows, meta.T, crc)
 
 
 def _unpack(rows: Any, meta: Any, crc: Any) -> tuple[Any, Any]:
