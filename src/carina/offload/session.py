@@ -123,8 +123,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 for mp in g.masters:
                     mp.grad = None
         t1 = time.perf_counter()
-        if g.host_copy is not g.master:
-            g.host_copy.copy_(g.master)
+        g.refresh_copy()  # the cast into the compute-dtype host copy (none when the device casts)
         timer = self.rt.timer
         if timer is not None:
             timer.add("optim_update_s", t1 - t0)
@@ -225,6 +224,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 [b.activation for b in new_plan.blocks],
                 [b.resident for b in new_plan.blocks],
                 [b.grad_on_device for b in new_plan.blocks],
+                [not b.cast_on_device for b in new_plan.blocks],
             )
         if rt.timer is not None:
             rt.timer.end_step()
@@ -244,7 +244,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self.hardware is None:
             largest = max((g.numel for g in rt.blocks), default=1 << 20)
             self.hardware = measure_hardware(
-                rt.device, self.cfg, self.inner, block_numel=largest, threads=rt.optim_threads
+                rt.device,
+                self.cfg,
+                self.inner,
+                block_numel=largest,
+                threads=rt.optim_threads,
+                compute_dtype=rt.rest.device.dtype,
             )
         count = max(1, rt.fwd_count)
         prof = model_profile(
@@ -255,16 +260,23 @@ class OffloadOptimizer(torch.optim.Optimizer):
             state_bytes=self.state_bytes,
             steps=count,
             micro_batches=self.cfg.grad_accumulation if self.cfg.accumulate_on_device else 1,
+            fold_on_device=rt.fold_on_device,
+            staging=any(g.staging is not None for g in rt.groups),
+            rest_cast_on_device=rt.rest.host_copy is None,
         )
         prof = replace(prof, head_workspace_bytes=rt.head.workspace(self._profiled_head(prof)))
         self.profile = prof
+        budgets = self.budgets
+        if budgets.device is not None:  # the cast-on-device buffer is carina's, outside the plan
+            budgets = replace(budgets, device=budgets.device - rt.fixed_device_bytes)
         plan = make_plan(
             prof,
-            self.budgets,
+            budgets,
             self.hardware,
             policy=self.cfg.activations.value,
             prefetch_depth=self.cfg.prefetch_depth,
             overlap=self._will_overlap(),
+            cast=self.cfg.param_cast.value,
         )
         self.plan = plan
         self.spill = {i for i, b in enumerate(plan.blocks) if b.state_on_nvme}

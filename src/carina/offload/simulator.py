@@ -4,7 +4,11 @@
 per-block decisions (:class:`BlockPlan`): a compute stream runs forward,
 head and backward events; one link each way carries parameter prefetches,
 swapped activations and gradients; a CPU optimizer worker updates each block
-once its gradients have arrived (during backward when ``overlap``). Each
+once its gradients have arrived (during backward when ``overlap``). The worker's
+time is every pass it makes over host memory: folding staged gradients into the
+float32 gradient (unless the device folds them), adding micro-batches, the
+update, and the cast into the compute-dtype host copy (unless the device casts);
+each at its measured rate, reported apart in :class:`StepTime`. Each
 event records the device bytes live during it and when its block's
 parameters became ready, so tests can check that a plan never exceeds its
 budget and never computes with parameters before their prefetch completed.
@@ -73,7 +77,10 @@ class ModelProfile:
     other_act_bytes: int
     other_fwd_s: float
     state_bytes_per_param: int = 8  # AdamW m and v in float32
-    copy_bytes_per_param: int = 0  # host gradient staging + compute copy, in the compute dtype
+    copy_bytes_per_param: int = 0  # the compute-dtype host copy of a group cast on the host (0 with float32)
+    staging_bytes_per_param: int = 0  # host gradient staging in the compute dtype (0: none kept)
+    fold_on_device: bool = False  # a micro-batch's gradients reach the host gradient as float32 (no CPU fold)
+    rest_cast_on_device: bool = False  # the parameters outside blocks are cast on the device
     bwd_over_fwd: float = 2.0
     head_workspace_bytes: int = 0
     micro_batches: int = 1  # backward passes per optimizer step (gradient accumulation)
@@ -88,8 +95,10 @@ class ModelProfile:
 class Hardware:
     """Measured rates: bytes/s each way over PCIe, parameters/s of the CPU optimizer, disk bytes/s.
 
-    ``grad_add`` is the CPU's rate (elements/s) of folding one micro-batch's staged
-    gradient into the float32 host gradient (gradient accumulation on the host).
+    ``grad_add`` is the CPU's rate (elements/s) of adding one micro-batch's staged
+    gradient into the float32 host gradient (gradient accumulation on the host);
+    ``fold`` of copying a staged gradient into it (the first micro-batch); ``cast``
+    of casting updated float32 masters into the compute-dtype host copy.
     """
 
     h2d: float
@@ -97,6 +106,8 @@ class Hardware:
     optim: float
     disk: float
     grad_add: float = 4e9
+    fold: float = 1e10
+    cast: float = 1e10
 
 
 @dataclass(frozen=True)
@@ -107,11 +118,16 @@ class BlockPlan:
     activation: Action = Action.RECOMPUTE
     state_on_nvme: bool = False
     grad_on_device: bool = False  # accumulate gradients over micro-batches in a float32 device buffer
+    cast_on_device: bool = False  # fetch the float32 master and cast on the device (no host copy, no CPU cast)
 
 
 @dataclass(frozen=True)
 class StepTime:
-    """Predicted seconds per step, split by resource, and the bottleneck."""
+    """Predicted seconds per step, split by resource, and the bottleneck.
+
+    ``cpu_optimizer`` is the CPU worker's whole time; ``cpu_update``, ``cpu_fold`` (folding
+    and adding staged gradients) and ``cpu_cast`` split it.
+    """
 
     compute: float
     h2d: float
@@ -120,6 +136,9 @@ class StepTime:
     disk: float
     predicted: float
     bottleneck: str
+    cpu_update: float = 0.0
+    cpu_fold: float = 0.0
+    cpu_cast: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -154,9 +173,16 @@ def _acts_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], upto: int, for
     return kept + current
 
 
+def _item(param_bytes: int, numel: int) -> int:
+    """Bytes per element of the compute dtype."""
+    return max(1, param_bytes // max(1, numel))
+
+
 def _grads_live(prof: ModelProfile, i: int) -> int:
     nxt = prof.blocks[i + 1].param_bytes if i + 1 < len(prof.blocks) else prof.resident_param_bytes
-    return prof.blocks[i].param_bytes + nxt  # this block's grads + the previous one's, still draining
+    live = prof.blocks[i].param_bytes + nxt  # this block's grads + the previous one's, still draining
+    item = _item(prof.blocks[i].param_bytes, prof.blocks[i].numel)
+    return live * 4 // item if prof.fold_on_device else live  # folded on the device: float32 copies drain
 
 
 class _Timeline:
@@ -179,11 +205,15 @@ class _Timeline:
         self.staging_free = [0.0] * (len(blocks) + 1)  # when each group's host staging buffer is free again
         self.acc = sum(4 * b.numel for b, p in zip(prof.blocks, blocks, strict=True) if p.grad_on_device)
         self.final = True
+        self.first = True
+        self.cpu_terms = dict.fromkeys(("cpu_update", "cpu_fold", "cpu_cast"), 0.0)
 
     def fetch_window(self, i: int, forward: bool) -> None:
         for j in _window(i, len(self.blocks), self.depth, forward):
             if self.ready[j] < 0:
-                dt = self.prof.blocks[j].param_bytes / self.hw.h2d
+                b = self.prof.blocks[j]
+                wide = self.blocks[j].cast_on_device  # the float32 master crosses, the device casts
+                dt = (4 * b.numel if wide else b.param_bytes) / self.hw.h2d
                 self.h2d = max(self.h2d, self.now) + dt
                 self.totals["h2d"] += dt
                 self.ready[j] = self.h2d
@@ -210,18 +240,28 @@ class _Timeline:
         self.optim = max(self.optim, ready) + seconds
         return self.optim
 
-    def gradients(self, k: int, numel: int, nbytes: int, on_device: bool, extra: float = 0.0) -> None:
-        """Group ``k``'s gradients are final for this micro-batch: copy/add them, or update at the end."""
+    def gradients(
+        self, k: int, numel: int, nbytes: int, on_device: bool, extra: float = 0.0, cast: bool = False
+    ) -> None:
+        """Group ``k``'s gradients are final for this micro-batch: fold/add them, or update at the end.
+
+        ``cast``: the update is followed by the cast into the compute-dtype host copy.
+        """
         if on_device and not self.final:
             return  # added into the device accumulator on the compute stream
-        ready = self.send_d2h(numel * 4 if on_device else nbytes)
+        direct = on_device or (self.first and self.prof.fold_on_device)  # float32 lands in the host gradient
+        ready = self.send_d2h(numel * 4 if direct else nbytes)
+        fold = 0.0 if direct else numel / (self.hw.fold if self.first else self.hw.grad_add)
+        self.cpu_terms["cpu_fold"] += fold
         if self.final:
-            add = 0.0 if on_device or self.prof.micro_batches == 1 else numel / self.hw.grad_add
-            self.cpu(ready, add + numel / self.hw.optim + extra, update=True)
+            update, cast_s = numel / self.hw.optim, numel / self.hw.cast if cast else 0.0
+            self.cpu_terms["cpu_update"] += update
+            self.cpu_terms["cpu_cast"] += cast_s
+            self.cpu(ready, fold + update + cast_s + extra, update=True)
             self.totals["disk"] += extra
             self.totals["cpu_optimizer"] -= extra
-        else:
-            self.staging_free[k] = self.cpu(ready, numel / self.hw.grad_add, update=False)
+        elif not direct:
+            self.staging_free[k] = self.cpu(ready, fold, update=False)
 
     def forward(self) -> None:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
@@ -241,7 +281,8 @@ class _Timeline:
             live += prof.blocks[-1].param_bytes  # the last block stays on the device for backward
         live += prof.head_workspace_bytes
         self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live, self.staging_free[n])
-        self.gradients(n, prof.resident_numel, prof.resident_param_bytes, False)
+        cast = prof.copy_bytes_per_param > 0 and not prof.rest_cast_on_device
+        self.gradients(n, prof.resident_numel, prof.resident_param_bytes, False, cast=cast)
 
     def backward(self) -> None:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
@@ -267,12 +308,14 @@ class _Timeline:
                 2 * prof.blocks[i].numel * prof.state_bytes_per_param / self.hw.disk if blocks[i].state_on_nvme else 0.0
             )
             b = prof.blocks[i]
-            self.gradients(i, b.numel, b.param_bytes, blocks[i].grad_on_device, disk)
+            cast = prof.copy_bytes_per_param > 0 and not blocks[i].cast_on_device
+            self.gradients(i, b.numel, b.param_bytes, blocks[i].grad_on_device, disk, cast)
 
     def step(self) -> float:
         """Play every micro-batch of the step; returns when the last update ends."""
         for m in range(self.prof.micro_batches):
             self.final = m == self.prof.micro_batches - 1
+            self.first = m == 0
             self.forward()
             self.backward()
         end = max(self.now, self.d2h)
@@ -299,15 +342,19 @@ def simulate(
     tl = _Timeline(blocks, prof, hw, depth, overlap)
     step = tl.step()
     bottleneck = max(tl.totals, key=lambda k: tl.totals[k])
-    return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck)
+    return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck, **tl.cpu_terms)
 
 
 def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, int]:
-    """Host and NVMe bytes a plan needs (masters, gradients, copies, states, swapped activations)."""
-    per_param = 4 + 4 + prof.copy_bytes_per_param  # master, gradient, compute copy
+    """Host and NVMe bytes a plan needs (masters, gradients, staging, copies, states, swapped activations)."""
+    per_param = 4 + 4 + prof.staging_bytes_per_param  # master, gradient, staging
     host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param
+    if not prof.rest_cast_on_device:
+        host += prof.resident_numel * prof.copy_bytes_per_param
     nvme = staged = 0
     for b, p in zip(prof.blocks, blocks, strict=True):
+        if not p.cast_on_device:
+            host += b.numel * prof.copy_bytes_per_param
         state = b.numel * prof.state_bytes_per_param
         if p.state_on_nvme:
             nvme += state

@@ -86,7 +86,7 @@ class PSBackend(OffloadOptimizer):
 
         with torch.no_grad():
             for sl, name in self._routes[g.index]:
-                g.host_copy[sl].copy_(self.link.published[name].view(-1))
+                g.feed[sl].copy_(self.link.published[name].view(-1))
         g.stale = True
 
     def pull(self) -> None:
