@@ -161,6 +161,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for name, t in list(state.items()):
                 if isinstance(t, torch.Tensor) and t.numel() > 1:
                     store.put(f"state/{g.index}/{k}/{name}", t, Tier.NVME)
+                    store.note_move(Tier.HOST, Tier.NVME, t.numel() * t.element_size())
                     if uncharge:
                         store.uncharge(Tier.HOST, t.numel() * t.element_size())
                     shapes.append((mp, name, tuple(t.shape), t.dtype))
