@@ -110,6 +110,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def step_group(self, g: ParamGroup) -> None:
         """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time)."""
+        t_in = time.perf_counter()
         self._unspill(g)
         flat = self._flat_step(g)
         t0 = time.perf_counter()
@@ -141,7 +142,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             )
             self.rt.store.charge(Tier.HOST, nbytes, f"{g.name} optimizer state")
         if g.index in self.spill:
+            t_out = time.perf_counter()
             self._spill(g)
+            if timer is not None:  # reading the state back before the update and writing it after
+                timer.add("optim_disk_s", t0 - t_in + time.perf_counter() - t_out)
 
     def _flat_step(self, g: ParamGroup) -> FlatStep | None:
         """The block's one-kernel update (:mod:`carina.offload.flatstep`), where it applies."""
