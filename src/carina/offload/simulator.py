@@ -263,9 +263,22 @@ class _Timeline:
         elif not direct:
             self.staging_free[k] = self.cpu(ready, fold, update=False)
 
+    def refresh_rest(self) -> None:
+        """The updated parameters outside blocks go to the device before the first forward (it waits)."""
+        prof = self.prof
+        wide = prof.rest_cast_on_device and prof.copy_bytes_per_param > 0
+        dt = (4 * prof.resident_numel if wide else prof.resident_param_bytes) / self.hw.h2d
+        self.h2d = max(self.h2d, self.now) + dt
+        self.totals["h2d"] += dt
+        self.now = max(self.now, self.h2d)
+
     def forward(self) -> None:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
-        self.ready = [r if p.resident else -1.0 for r, p in zip(self.ready, blocks, strict=True)]
+        if self.first:  # the step's first forward: updated weights go to the device, resident blocks' too
+            self.ready = [-1.0] * n
+            self.refresh_rest()
+        else:
+            self.ready = [r if p.resident else -1.0 for r, p in zip(self.ready, blocks, strict=True)]
         for i in range(n):
             self.fetch_window(i, True)
             live = _params_live(prof, blocks, _window(i, n, self.depth, True)) + _acts_live(prof, blocks, i, True)
