@@ -252,6 +252,7 @@ def phase_carina(args: argparse.Namespace) -> None:
     loop(step, 1, dev)
     moved0 = dict(handle.stats().moved)
     times = loop(step, args.steps, dev)
+    handle.synchronize()  # the last step's trailing block updates (step() may return before them)
     st = handle.stats()
     from carina.offload.timing import summarize
 

@@ -32,7 +32,10 @@ def problems(draw):
         resident_numel=draw(st.integers(0, 16)) * MiB,
         other_act_bytes=draw(st.integers(0, 64)) * MiB,
         other_fwd_s=draw(st.floats(0, 0.1)),
-        copy_bytes_per_param=draw(st.sampled_from([2, 4])),
+        copy_bytes_per_param=draw(st.sampled_from([0, 2])),
+        staging_bytes_per_param=draw(st.sampled_from([0, 2, 4])),
+        fold_on_device=draw(st.booleans()),
+        rest_cast_on_device=draw(st.booleans()),
         micro_batches=draw(st.integers(1, 4)),
     )
     hw = Hardware(
@@ -41,6 +44,8 @@ def problems(draw):
         optim=draw(st.floats(1e8, 6e9)),
         disk=draw(st.floats(1e8, 3e9)),
         grad_add=draw(st.floats(5e8, 8e9)),
+        fold=draw(st.floats(1e9, 2e10)),
+        cast=draw(st.floats(1e9, 2e10)),
     )
     budgets = PlanBudgets(
         device=draw(st.integers(16, 4096)) * MiB,
@@ -50,20 +55,21 @@ def problems(draw):
     policy = draw(st.sampled_from(["plan", "keep", "swap", "recompute"]))
     depth = draw(st.integers(1, 3))
     overlap = draw(st.booleans())
-    return prof, hw, budgets, policy, depth, overlap
+    options = {"cast": draw(st.sampled_from(["host", "device", "auto"])), "carry": draw(st.booleans())}
+    return prof, hw, budgets, policy, depth, overlap, options
 
 
 @settings(max_examples=300, deadline=None)
 @given(problems())
 def test_plan_fits_budgets_and_never_computes_before_prefetch(problem):
-    prof, hw, budgets, policy, depth, overlap = problem
+    prof, hw, budgets, policy, depth, overlap, options = problem
     try:
-        plan = make_plan(prof, budgets, hw, policy=policy, prefetch_depth=depth, overlap=overlap)
+        plan = make_plan(prof, budgets, hw, policy=policy, prefetch_depth=depth, overlap=overlap, **options)
     except CapacityError as exc:
         assert exc.context["tier"] in ("device", "host", "nvme")
         assert exc.context["needed"] > exc.context["budget"]
         return
-    events, time = simulate(plan.blocks, prof, hw, depth, overlap)
+    events, time = simulate(plan.blocks, prof, hw, depth, overlap, options["carry"])
     assert max(e.device_bytes for e in events) <= budgets.device
     host, nvme = host_bytes(prof, plan.blocks)
     assert budgets.host is None or host <= budgets.host

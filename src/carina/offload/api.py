@@ -61,6 +61,10 @@ class OffloadHandle:
         timer = self.runtime.timer
         return list(timer.steps) if timer is not None else []
 
+    def synchronize(self) -> None:
+        """Wait until the CPU worker finished every queued update (see ``OffloadOptimizer.synchronize``)."""
+        self.optimizer.synchronize()
+
     def stats(self) -> StoreStats:
         """Bytes used, peak and budget per tier, bytes moved per route."""
         return self.runtime.store.stats()

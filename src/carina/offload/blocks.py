@@ -93,7 +93,8 @@ class ParamGroup:
     masters: list[nn.Parameter] = field(default_factory=list)
     grads_seen: int = 0
     has_grad: bool = False
-    stepped: bool = False
+    queued: bool = False  # this step's update is queued on the CPU worker (during backward)
+    detached: bool = False  # that update may finish after optimizer.step() returns (its use waits for it)
     pending: list[cf.Future[Any]] = field(default_factory=list)  # every CPU task queued for the group
     updates: list[cf.Future[Any]] = field(default_factory=list)  # the tasks that rewrite its host copy
     acc: torch.Tensor | None = None  # float32 flat, device: gradients summed over micro-batches (planned)

@@ -64,7 +64,8 @@ def plan(
                        staging_bytes_per_param=dtype_bytes if micro_batches > 1 else 0)  # fmt: skip
         hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9,
                      cast=cast_gelems * 1e9)  # fmt: skip
-        result = make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth, cast="auto")
+        result = make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth, cast="auto",
+                           carry=True)  # fmt: skip
     except CarinaError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from None

@@ -126,6 +126,13 @@ class OffloadConfig(Config):
             that runs the hooks and issues GPU work, since the kernels split their work evenly
             and a team with one thread short of a core waits for it; with a CPU device, which
             computes on those threads too, PyTorch's count).
+        step_barrier: Make ``optimizer.step()`` wait for every block's update. By default (False)
+            a block updated during backward (one flat fused call, see :mod:`carina.offload.flatstep`)
+            may still be updating when ``step()`` returns: the next forward fetches each block once
+            its own update is done, and the worker updates blocks in the order that forward needs
+            them, so the next forward overlaps the last updates. Its hyperparameters are copied when
+            it is queued, so an LR scheduler stepped meanwhile does not reach it; results are the
+            same either way.
         grad_fold: Where a block's gradients become float32 (:class:`ConvertOn`). ``device`` (and
             ``auto``): each gradient is converted on the device and copied straight into the
             float32 host gradient, so the CPU does no fold pass and no host staging is kept
@@ -166,6 +173,7 @@ class OffloadConfig(Config):
     allocator: AllocatorMode = AllocatorMode.AUTO
     cpu_optimizer: CpuOptimizerImpl = CpuOptimizerImpl.AUTO
     cpu_optimizer_threads: int = 0
+    step_barrier: bool = False
     grad_fold: ConvertOn = ConvertOn.AUTO
     param_cast: ConvertOn = ConvertOn.AUTO
     step_timing: bool = False

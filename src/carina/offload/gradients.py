@@ -26,14 +26,13 @@ from carina.offload.blocks import ParamGroup
 from carina.offload.config import OverlapMode
 
 if TYPE_CHECKING:
-    import concurrent.futures as cf
-
     from carina.memory.store import TensorStore
     from carina.offload.activations import ActivationManager
     from carina.offload.blocks import HostBuffers
     from carina.offload.config import OffloadConfig
     from carina.offload.streams import Mover
     from carina.offload.timing import StepTimer
+    from carina.offload.worker import PriorityWorker
 
 __all__ = ["GradientPath"]
 
@@ -45,7 +44,7 @@ class GradientPath:
         cfg: OffloadConfig
         store: TensorStore
         mover: Mover
-        worker: cf.ThreadPoolExecutor
+        worker: PriorityWorker
         timer: StepTimer | None
         acts: ActivationManager
         owner: dict[int, tuple[ParamGroup, int]]
@@ -55,6 +54,7 @@ class GradientPath:
         profiling: bool
         micro: int
         step_group: Any
+        snapshot: Any
 
         def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
             """The runtime's step-timer phase."""
@@ -134,16 +134,21 @@ class GradientPath:
                 how = "none" if g.direct else "add" if g.has_grad else "copy"
             g.has_grad = True
             eager = self.overlap_now()
-            fut = self.worker.submit(self._consume, g, events, how, eager)
+            # hyperparameters as they are now: a block's update may still run after step() returned
+            options = self.snapshot(g) if eager else None
+            first = g.index if g.module is not None else -1  # the order the next forward needs them
+            fut = self.worker.submit(self._consume, g, events, how, eager, options, priority=first if eager else -2)
             g.pending.append(fut)
             if eager:
                 g.updates.append(fut)
+                g.queued = True
+                g.detached = options is not None and not self.cfg.step_barrier
         if g.module is not None:
             if not g.resident:
                 self._release(g)
             self.acts.block_done(g.index)
 
-    def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool) -> None:
+    def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool, options: Any) -> None:
         timer = self.timer
         t0 = time.perf_counter()
         for event in events:
@@ -159,7 +164,7 @@ class GradientPath:
             timer.add("optim_d2h_wait_s", t1 - t0)
             timer.add("optim_fold_s", time.perf_counter() - t1)
         if eager:
-            self.step_group(g)
+            self.step_group(g, options)
 
     def flush_accumulator(self, g: ParamGroup) -> None:
         """Ship a device accumulator that still holds micro-batches (a step came early) to the host."""

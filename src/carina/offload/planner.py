@@ -99,9 +99,10 @@ class _Problem:
     hw: Hardware
     depth: int
     overlap: bool
+    carry: bool = False
 
     def finish(self, blocks: tuple[BlockPlan, ...]) -> Plan:
-        events, time = simulate(blocks, self.prof, self.hw, self.depth, self.overlap)
+        events, time = simulate(blocks, self.prof, self.hw, self.depth, self.overlap, self.carry)
         host, nvme = host_bytes(self.prof, blocks)
         return Plan(blocks, self.depth, self.overlap, max(e.device_bytes for e in events), host, nvme, time)
 
@@ -111,7 +112,7 @@ class _Problem:
         (A ``best`` scaled below the current step asks for a strict gain.)
         """
         cand = tuple(candidate)
-        events, time = simulate(cand, self.prof, self.hw, self.depth, self.overlap)
+        events, time = simulate(cand, self.prof, self.hw, self.depth, self.overlap, self.carry)
         if self.budgets.device is not None and max(e.device_bytes for e in events) > self.budgets.device:
             return None
         if self.budgets.host is not None and host_bytes(self.prof, cand)[0] > self.budgets.host:
@@ -119,7 +120,7 @@ class _Problem:
         return time.predicted if time.predicted <= best * (1 + 1e-9) else None
 
     def step_time(self, blocks: list[BlockPlan]) -> float:
-        return simulate(tuple(blocks), self.prof, self.hw, self.depth, self.overlap)[1].predicted
+        return simulate(tuple(blocks), self.prof, self.hw, self.depth, self.overlap, self.carry)[1].predicted
 
 
 def _spill_states(prof: ModelProfile, budgets: PlanBudgets, blocks: list[BlockPlan]) -> None:
@@ -159,6 +160,7 @@ def make_plan(
     prefetch_depth: int = 1,
     overlap: bool = True,
     cast: str = "host",
+    carry: bool = False,
 ) -> Plan:
     """Choose residency, activation action, gradient accumulation, cast and optimizer-state tier per block.
 
@@ -172,11 +174,13 @@ def make_plan(
         cast: Where updated masters are cast into the compute dtype: ``host`` (a host copy, the
             CPU casts), ``device`` (float32 fetched, the device casts) or ``auto`` (per block,
             from the device; a block casts on the host only where that makes the step faster).
+        carry: Whether overlapped updates may run on into the next step's forward (``step_barrier``
+            off), see :func:`~carina.offload.simulator.simulate`.
 
     Raises:
         CapacityError: No choice fits; the message says what would.
     """
-    problem = _Problem(prof, budgets, hw, prefetch_depth, overlap)
+    problem = _Problem(prof, budgets, hw, prefetch_depth, overlap, carry)
     fixed = None if policy == "plan" else Action(policy)
     start = fixed or Action.RECOMPUTE
     on_device = cast != "host" and prof.copy_bytes_per_param > 0
@@ -214,7 +218,7 @@ def make_plan(
 def _head_note(problem: _Problem, blocks: list[BlockPlan], floor: int) -> str:
     """Name the head's transient workspace when the head stage is where the floor peaks."""
     work = problem.prof.head_workspace_bytes
-    events, _ = simulate(tuple(blocks), problem.prof, problem.hw, problem.depth, problem.overlap)
+    events, _ = simulate(tuple(blocks), problem.prof, problem.hw, problem.depth, problem.overlap, problem.carry)
     if not work or not any(e.kind == "head" and e.device_bytes == floor for e in events):
         return ""
     return (

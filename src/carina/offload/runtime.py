@@ -103,7 +103,8 @@ class OffloadRuntime(GradientPath):
         self._entered: set[int] = set()
         self._t0 = 0.0
         self._fwd_wait = 0.0  # this forward's time making blocks' weights resident (not compute)
-        self.step_group: Any = None  # set by the optimizer: fn(group) updating masters in place
+        self.step_group: Any = None  # set by the optimizer: fn(group, options) updating masters in place
+        self.snapshot: Any = None  # set by the optimizer: fn(group) -> hyperparameters for a later update
         self._handles: list[Any] = []
         self._install(model)
 
@@ -183,7 +184,7 @@ class OffloadRuntime(GradientPath):
             with self.phase("h2d_wait"):
                 self.ensure(self.blocks[i])
                 for j in range(i + 1, min(len(self.blocks), i + 1 + self.cfg.prefetch_depth)):
-                    self.prefetch(self.blocks[j])
+                    self.prefetch(self.blocks[j], wait=False)
             self._sync_if_profiling()  # the weights are in: the block's time is its compute (the plan adds transfers)
             t1 = time.perf_counter()
             self._fwd_wait += t1 - t0
@@ -243,16 +244,24 @@ class OffloadRuntime(GradientPath):
             fut.result()
         g.pending.clear()
         g.updates.clear()
+        g.detached = False
 
     def wait_params(self, g: ParamGroup) -> None:
         """Block until queued updates of ``g``'s master weights are done (gradient adds may go on)."""
         for fut in g.updates:
             fut.result()
         g.updates.clear()
+        g.detached = False
 
-    def prefetch(self, g: ParamGroup) -> None:
-        """Start copying ``g``'s (updated) parameters to the device, if they are not there."""
+    def prefetch(self, g: ParamGroup, wait: bool = True) -> None:
+        """Start copying ``g``'s (updated) parameters to the device, if they are not there.
+
+        With ``wait=False`` (a look-ahead) nothing happens while ``g``'s update is still running:
+        the block's own fetch waits for it instead of holding up the compute issued before.
+        """
         if g.updates:
+            if not wait and not all(f.done() for f in g.updates):
+                return
             with self.phase("optim_wait"):
                 self.wait_params(g)
         if g.on_device and not g.stale:
@@ -282,17 +291,21 @@ class OffloadRuntime(GradientPath):
         with self.phase("h2d_wait"):
             self.ensure(self.blocks[i])
             for j in range(max(0, i - self.cfg.prefetch_depth), i):
-                self.prefetch(self.blocks[j])
+                self.prefetch(self.blocks[j], wait=False)
             if i > 0 and not self.profiling:
                 self.acts.prefetch(i - 1)
         if self.timer is not None:
             self.timer.switch("backward")
 
     # -- step boundary -----------------------------------------------------------------------
-    def drain(self) -> None:
-        """Wait for every queued CPU task; free blocks and activations a backward left behind."""
+    def drain(self, keep_detached: bool = False) -> None:
+        """Wait for queued CPU tasks; free blocks and activations a backward left behind.
+
+        ``keep_detached``: leave blocks' detached updates running (each block's next use waits).
+        """
         for g in self.groups:
-            self.wait_updates(g)
+            if not (keep_detached and g.detached):
+                self.wait_updates(g)
             if g.grads_seen:  # some parameters got no gradient this backward
                 self._grads_done(g)
                 self.wait_updates(g)

@@ -98,6 +98,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.flat_updates = True  # fused optimizers step each block as one flat tensor (FlatStep)
         self._flat: dict[int, FlatStep | None] = {}
         runtime.step_group = self.step_group
+        runtime.snapshot = self.snapshot
 
     def _share(self) -> None:
         self.param_groups = self.inner.param_groups
@@ -108,14 +109,26 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for i, mp in enumerate(g.masters):
             mp.grad = g.grad[g.slot(i)].view(mp.shape)
 
-    def step_group(self, g: ParamGroup) -> None:
-        """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time)."""
+    def snapshot(self, g: ParamGroup) -> dict[str, Any] | None:
+        """``g``'s hyperparameters now, for an update that may run after ``step()`` returned (else None).
+
+        Only blocks stepped by one flat call can: their private optimizer takes the copy, so an LR
+        scheduler stepped meanwhile changes nothing. The others are waited for at ``step()``.
+        """
+        flat = self._flat_step(g)
+        return flat.hyperparameters() if flat is not None else None
+
+    def step_group(self, g: ParamGroup, options: dict[str, Any] | None = None) -> None:
+        """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time).
+
+        ``options``: the hyperparameters to use (a :meth:`snapshot`); None: the param group's now.
+        """
         t_in = time.perf_counter()
         self._unspill(g)
         flat = self._flat_step(g)
         t0 = time.perf_counter()
         if flat is not None:
-            flat.step()
+            flat.step(options)
         else:
             self._attach_grads(g)
             try:
@@ -131,7 +144,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
             timer.add("optim_cast_s", time.perf_counter() - t1)
             timer.add("optim_params", g.numel)
         g.stale = True
-        g.stepped = True
         if g.index not in self._charged:
             self._charged.add(g.index)
             nbytes = sum(
@@ -206,19 +218,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         rt = self.rt
         if rt.timer is not None:
             rt.timer.switch("step")
-        rt.drain()
+        rt.drain(keep_detached=True)  # blocks' updates queued in backward may go on into the next forward
         new_plan = None
         if rt.profiling and self.steps + 1 >= self.cfg.profile_steps:
             new_plan = self.make_plan()
         elif rt.profiling and self.steps == 0:
             self.make_plan()  # activation sizes are known now: raises CapacityError before any update
-        todo = [g for g in rt.groups if g.has_grad and not g.stepped]
+        todo = [g for g in rt.groups if g.has_grad and not g.queued]
         if self.cfg.max_grad_norm is not None and todo:
             self._clip(todo)
         for g in todo:
             self.step_group(g)
         for g in rt.groups:
-            g.stepped = False
+            g.queued = False
             g.has_grad = False
         rt.micro = 0
         self.steps += 1
@@ -235,10 +247,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
             rt.timer.end_step()
         return loss
 
+    def synchronize(self) -> None:
+        """Wait until every queued update is done (``step()`` may return before the last blocks' are).
+
+        ``model.state_dict()``, ``state_dict()`` and each block's next use wait on their own; call this
+        before reading the masters in another way (``optimizer.masters``, the param groups' tensors).
+        """
+        for g in self.rt.groups:
+            self.rt.wait_updates(g)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget accumulated gradients (``step()`` already consumes them)."""
         for g in self.rt.groups:
-            self.rt.wait_updates(g)
+            if not g.detached:  # (a detached update consumes this step's gradient and touches nothing else)
+                self.rt.wait_updates(g)
             g.has_grad = False
         self.rt.discard_accumulators()
 
@@ -282,6 +304,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             prefetch_depth=self.cfg.prefetch_depth,
             overlap=self._will_overlap(),
             cast=self.cfg.param_cast.value,
+            carry=not self.cfg.step_barrier,
         )
         self.plan = plan
         self.spill = {i for i, b in enumerate(plan.blocks) if b.state_on_nvme}

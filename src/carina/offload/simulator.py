@@ -195,8 +195,14 @@ class _Timeline:
     the per-micro-batch copy, and ship their float32 sum once.
     """
 
-    def __init__(self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool):
+    def __init__(
+        self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool
+    ):
         self.blocks, self.prof, self.hw, self.depth, self.overlap = blocks, prof, hw, depth, overlap
+        self.carry = carry and overlap  # updates in next-use order, running on into the next step's forward
+        self.tasks: list[tuple[float, float, int]] = []  # (gradients ready, seconds, group) of the final updates
+        self.update_end = [0.0] * (len(blocks) + 1)  # when each group's last update ended
+        self.gated = False  # this forward waits for the previous step's updates, block by block
         self.now = self.h2d = self.d2h = self.optim = 0.0
         self.ready = [0.0 if p.resident else -1.0 for p in blocks]
         self.totals = dict.fromkeys(("compute", "h2d", "d2h", "cpu_optimizer", "disk"), 0.0)
@@ -210,6 +216,10 @@ class _Timeline:
 
     def fetch_window(self, i: int, forward: bool) -> None:
         for j in _window(i, len(self.blocks), self.depth, forward):
+            if self.ready[j] < 0 and self.gated and self.update_end[j] > self.now:
+                if j != i:
+                    continue  # a look-ahead does not wait for an update; the block's own fetch does
+                self.now = self.update_end[j]  # the host blocks until the update is done
             if self.ready[j] < 0:
                 b = self.prof.blocks[j]
                 wide = self.blocks[j].cast_on_device  # the float32 master crosses, the device casts
@@ -257,7 +267,11 @@ class _Timeline:
             update, cast_s = numel / self.hw.optim, numel / self.hw.cast if cast else 0.0
             self.cpu_terms["cpu_update"] += update
             self.cpu_terms["cpu_cast"] += cast_s
-            self.cpu(ready, fold + update + cast_s + extra, update=True)
+            if self.carry:
+                self.totals["cpu_optimizer"] += fold + update + cast_s + extra
+                self.tasks.append((ready, fold + update + cast_s + extra, k))
+            else:
+                self.update_end[k] = self.cpu(ready, fold + update + cast_s + extra, update=True)
             self.totals["disk"] += extra
             self.totals["cpu_optimizer"] -= extra
         elif not direct:
@@ -268,6 +282,8 @@ class _Timeline:
         prof = self.prof
         wide = prof.rest_cast_on_device and prof.copy_bytes_per_param > 0
         dt = (4 * prof.resident_numel if wide else prof.resident_param_bytes) / self.hw.h2d
+        if self.gated:
+            self.now = max(self.now, self.update_end[len(self.blocks)])
         self.h2d = max(self.h2d, self.now) + dt
         self.totals["h2d"] += dt
         self.now = max(self.now, self.h2d)
@@ -324,13 +340,26 @@ class _Timeline:
             cast = prof.copy_bytes_per_param > 0 and not blocks[i].cast_on_device
             self.gradients(i, b.numel, b.param_bytes, blocks[i].grad_on_device, disk, cast)
 
+    def schedule(self) -> None:
+        """Run the final updates on the worker in next-use order (the parameters outside blocks first)."""
+        n, t, tasks = len(self.blocks), self.optim, sorted(self.tasks)
+        while tasks:
+            ready = [x for x in tasks if x[0] <= t] or [tasks[0]]
+            pick = min(ready, key=lambda x: -1 if x[2] == n else x[2])
+            tasks.remove(pick)
+            t = max(t, pick[0]) + pick[1]
+            self.update_end[pick[2]] = t
+        self.optim, self.tasks = t, []
+
     def step(self) -> float:
         """Play every micro-batch of the step; returns when the last update ends."""
         for m in range(self.prof.micro_batches):
             self.final = m == self.prof.micro_batches - 1
             self.first = m == 0
             self.forward()
+            self.gated = False
             self.backward()
+        self.schedule()
         end = max(self.now, self.d2h)
         for ready, seconds in self.deferred:
             end = max(end, ready) + seconds
@@ -338,9 +367,19 @@ class _Timeline:
 
 
 def simulate(
-    blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool = True
+    blocks: tuple[BlockPlan, ...],
+    prof: ModelProfile,
+    hw: Hardware,
+    depth: int,
+    overlap: bool = True,
+    carry: bool = False,
 ) -> tuple[list[SimEvent], StepTime]:
     """Replay one step of ``prof`` under ``blocks``.
+
+    With ``carry`` (and ``overlap``) the worker updates blocks in next-use order and
+    ``optimizer.step()`` does not wait for them: the next step's forward fetches each block
+    once its update is done. The step is then played twice and the prediction is the second
+    one's length in steady state (its events and totals are the second step's).
 
     Args:
         blocks: One decision per profiled block.
@@ -348,12 +387,19 @@ def simulate(
         hw: Rates of the links and the CPU optimizer.
         depth: Prefetch depth in blocks.
         overlap: Whether the optimizer updates blocks during backward.
+        carry: Whether those updates may run on into the next step (see above).
 
     Returns:
         The compute events (live device bytes, times) and the predicted step time.
     """
-    tl = _Timeline(blocks, prof, hw, depth, overlap)
+    tl = _Timeline(blocks, prof, hw, depth, overlap, carry)
     step = tl.step()
+    if tl.carry:
+        tl.events, tl.gated = [], True
+        tl.totals = dict.fromkeys(tl.totals, 0.0)
+        tl.cpu_terms = dict.fromkeys(tl.cpu_terms, 0.0)
+        end = max(step, tl.now)
+        step = tl.step() - end
     bottleneck = max(tl.totals, key=lambda k: tl.totals[k])
     return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck, **tl.cpu_terms)
 
