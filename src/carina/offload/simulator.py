@@ -67,11 +67,12 @@ def _item(param_bytes: int, numel: int) -> int:
     return max(1, param_bytes // max(1, numel))
 
 
-def _grads_live(prof: ModelProfile, i: int) -> int:
+def _grads_live(prof: ModelProfile, i: int, accumulated: bool) -> int:
     nxt = prof.blocks[i + 1].param_bytes if i + 1 < len(prof.blocks) else prof.resident_param_bytes
     live = prof.blocks[i].param_bytes + nxt  # this block's grads + the previous one's, still draining
     item = _item(prof.blocks[i].param_bytes, prof.blocks[i].numel)
-    return live * 4 // item if prof.fold_on_device else live  # folded on the device: float32 copies drain
+    wide = prof.fold_on_device and not accumulated  # folded on the device: float32 copies drain
+    return live * 4 // item if wide else live
 
 
 class _Timeline:
@@ -218,7 +219,7 @@ class _Timeline:
                 _params_live(prof, blocks, _window(i, n, self.depth, False))
                 + _acts_live(prof, blocks, i, False)
                 + prof.other_act_bytes
-                + _grads_live(prof, i)
+                + _grads_live(prof, i, blocks[i].grad_on_device)
             )
             staged = 0.0 if blocks[i].grad_on_device else self.staging_free[i] - dur  # the grad hook waits
             self.run("bwd", i, dur, live, max(act_ready, staged))
