@@ -124,6 +124,7 @@ def carina_record(
         "rates": rates,
         "step_split_s": run.get("step_split"),  # median phase split of the timed steps (carina.offload.timing)
         "optim_rates": run.get("optim_rates"),
+        "plan_vs_measured_s": plan_vs_measured(run),
     }
     rec = make_record(name=name, figures=figs, config=_config(args, tokens, run), metrics=metrics, notes=_NOTES)
     write_record(rec, directory=Path(args.out))
@@ -134,6 +135,21 @@ def carina_record(
     label = f"{tag} spill" if prefix else tag
     return (f"| carina {label} | {tokens} | {run['tokens_per_s']:.0f} | {_pct(fr)} | {_pct(rf)} | {fs} | "
             f"{host:.1f} GB |")  # fmt: skip
+
+
+#: The plan's CPU terms and the step timer's host totals that measure the same work.
+_CPU_TERMS = {"cpu_update": "optim_update_s", "cpu_fold": "optim_fold_s", "cpu_cast": "optim_cast_s",
+              "disk": "optim_disk_s"}  # fmt: skip
+
+
+def plan_vs_measured(run: dict[str, Any]) -> dict[str, list[float | None]]:
+    """[predicted, measured] seconds per step: the step, and each CPU term against the step timer's."""
+    pred = (run.get("plan") or {}).get("predicted_s") or {}
+    split = run.get("step_split") or {}
+    out: dict[str, list[float | None]] = {"step": [pred.get("step"), run.get("step_s")]}
+    for term, timer in _CPU_TERMS.items():
+        out[term] = [pred.get(term), split.get(timer)]
+    return out
 
 
 def _label(tokens: int) -> str:
