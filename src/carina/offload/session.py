@@ -11,6 +11,7 @@ during backward or at ``step()``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -95,6 +96,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._charged: set[int] = set()
         self.spill: set[int] = set()  # blocks whose optimizer state lives on NVMe between updates
         self._spilled: dict[int, list[tuple[Any, str, tuple[int, ...], torch.dtype]]] = {}
+        self._spill_buf: torch.Tensor | None = None  # the state of the spilled block being updated
         self.flat_updates = True  # fused optimizers step each block as one flat tensor (FlatStep)
         self._flat: dict[int, FlatStep | None] = {}
         runtime.step_group = self.step_group
@@ -191,13 +193,31 @@ class OffloadOptimizer(torch.optim.Optimizer):
             return
         store = self.rt.store
         index = {id(mp): k for k, mp in enumerate(g.masters)}
-        for mp, name, shape, dtype in shapes:
+        views = self._state_views([(shape, dtype) for _, _, shape, dtype in shapes])
+        for (mp, name, _, _), t in zip(shapes, views, strict=True):
             key = f"state/{g.index}/{index[id(mp)]}/{name}"
-            t = torch.empty(shape, dtype=dtype)
             store.charge(Tier.HOST, t.numel() * t.element_size(), f"{g.name} optimizer state (from NVMe)")
             store.read_into(key, t)
             store.drop(key)
             self.inner.state[mp][name] = t
+
+    def _state_views(self, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+        """Tensors for one spilled block's state, carved 4 KiB-aligned from one buffer every spilled block reuses.
+
+        Only one spilled block's state is in RAM at a time (read before its update, written after it on
+        the same thread), as the plan counts it; reusing the buffer spares a fresh allocation, and its
+        page faults, per block and step, and aligned views let the NVMe reads go straight in (O_DIRECT).
+        """
+        sizes = [-(-math.prod(shape) * torch.empty((), dtype=dt).element_size() // 4096) * 4096 for shape, dt in shapes]
+        if self._spill_buf is None or self._spill_buf.numel() < sum(sizes) + 4096:
+            self._spill_buf = torch.empty(sum(sizes) + 4096, dtype=torch.uint8)
+        off = -self._spill_buf.data_ptr() % 4096
+        views = []
+        for (shape, dt), size in zip(shapes, sizes, strict=True):
+            nbytes = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+            views.append(self._spill_buf[off : off + nbytes].view(dt).view(shape))
+            off += size
+        return views
 
     def _clip(self, groups: list[ParamGroup]) -> None:
         assert self.cfg.max_grad_norm is not None
