@@ -12,6 +12,10 @@ in ``--work`` into records (carina.core.bench) in ``--out``. Phases:
 * ``fsdp2``: FSDP2 ``fully_shard`` + ``CPUOffloadPolicy`` (world size 1, HF checkpointing,
   fused CPU AdamW) under the same cap.
 * ``notax``: the 3B shape with no budget: plain PyTorch vs carina, same micro-batches.
+* ``spill``: carina with a host budget ``--spill-blocks`` blocks' optimizer state short of
+  what the plan needs, so that state spills to the NVMe tier in ``--nvme-path``; the tier's
+  write and read rates are measured first, through the same carina.io path, and given to the
+  planner (``disk_gbps``) and the roofline.
 
 Models are initialised on the GPU (seeded, float32; CPU init of billions of parameters takes
 minutes) and moved to the host before carina or FSDP2 take them.
@@ -215,10 +219,13 @@ def phase_carina(args: argparse.Namespace) -> None:
         device=str(dev),
         device_budget=budget,
         host_budget=int(args.host_budget * 1e9) if args.host_budget else None,
-        compute_dtype="bfloat16" if dev.type == "cuda" else "float32",
+        compute_dtype="bfloat16" if dev.type == "cuda" else args.cpu_dtype,
         grad_accumulation=accum,
         cpu_optimizer_threads=args.optim_threads,
+        grad_fold=args.grad_fold,
+        param_cast=args.param_cast,
         step_timing=True,  # the step's split into compute, waits and the optimizer (carina.offload.timing)
+        **getattr(args, "nvme", {}),
     )
     t0 = time.perf_counter()
     model, opt = co.wrap(model, ocfg, optimizer=opt)
@@ -245,6 +252,7 @@ def phase_carina(args: argparse.Namespace) -> None:
     loop(step, 1, dev)
     moved0 = dict(handle.stats().moved)
     times = loop(step, args.steps, dev)
+    handle.synchronize()  # the last step's trailing block updates (step() may return before them)
     st = handle.stats()
     from carina.offload.timing import summarize
 
@@ -273,8 +281,11 @@ def phase_carina(args: argparse.Namespace) -> None:
         "step_split": summarize(splits),
         "step_splits": splits,
     }
-    out["optim_rates"] = optim_rates(handle, splits)
+    if args.prefix != "spill_":  # (re-stepping spilled blocks alone would add their disk traffic twice more)
+        out["optim_rates"] = optim_rates(handle, splits)
+    out.update(getattr(args, "extra", {}))
     handle.close()
+    handle.store.close()  # removes the NVMe tier's file
     save(args, f"{args.prefix}carina_{args.tokens}", out)
 
 
@@ -393,9 +404,58 @@ def phase_notax(args: argparse.Namespace) -> None:
     phase_carina(args)
 
 
+def disk_rates(directory: str, nbytes: int = 1 << 30) -> dict[str, float]:
+    """Write and read GB/s of the NVMe tier in ``directory`` (carina.memory over carina.io), one tensor."""
+    from carina.memory.nvme import NvmeTier
+
+    tier = NvmeTier(directory, 2 * nbytes)
+    try:
+        src = torch.ones(nbytes // 4)
+        t0 = time.perf_counter()
+        ext, fut = tier.write(src)
+        fut.result()
+        write = nbytes / (time.perf_counter() - t0) / 1e9
+        out = torch.empty_like(src)
+        t0 = time.perf_counter()
+        tier.read(ext, out).result()
+        read = nbytes / (time.perf_counter() - t0) / 1e9
+    finally:
+        tier.close()
+    return {"write_gbps": write, "read_gbps": read, "bytes": nbytes, "path": directory}
+
+
+def phase_spill(args: argparse.Namespace) -> None:
+    """carina with optimizer state of ``--spill-blocks`` blocks short of host RAM: it spills to NVMe."""
+    import carina.offload as co
+    from carina.offload.api import static_profile
+    from carina.offload.simulator import BlockPlan, host_bytes
+
+    Path(args.nvme_path).mkdir(parents=True, exist_ok=True)
+    disk = disk_rates(args.nvme_path, args.disk_probe)
+    cfg = shape(args)
+    with torch.device("meta"):
+        from transformers import LlamaForCausalLM
+
+        meta = LlamaForCausalLM(cfg)
+    base = co.Config(compute_dtype="bfloat16", grad_accumulation=max(1, args.tokens // (args.micro * args.seq)))
+    prof = static_profile(meta, base)
+    need, _ = host_bytes(prof, tuple(BlockPlan(cast_on_device=True) for _ in prof.blocks))
+    block_state = prof.blocks[0].numel * prof.state_bytes_per_param
+    host_budget = need - args.spill_blocks * block_state + block_state // 4
+    args.host_budget = host_budget / 1e9
+    args.nvme = {
+        "nvme_path": Path(args.nvme_path),
+        "nvme_budget": 2 * (args.spill_blocks + 1) * block_state,
+        "disk_gbps": min(disk["write_gbps"], disk["read_gbps"]),
+    }
+    args.prefix = "spill_"
+    args.extra = {"disk": disk, "host_need_unspilled": need, "spill_blocks_asked": args.spill_blocks}
+    phase_carina(args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("phase", choices=["ideal", "carina", "fsdp2", "notax", "report"])
+    ap.add_argument("phase", choices=["ideal", "carina", "fsdp2", "notax", "spill", "report"])
     ap.add_argument("--work", required=True, help="folder for the phases' JSON")
     ap.add_argument("--out", default="", help="report: folder for the records")
     ap.add_argument("--model", default="llama2-7b")
@@ -413,16 +473,25 @@ def main() -> None:
     ap.add_argument("--prefix", default="", help="name prefix of the phase's JSON")
     ap.add_argument("--optim-threads", type=int, default=0, help="carina's CPU optimizer threads (0: auto)")
     ap.add_argument("--report-tokens", default="8192,32768", help="report: carina configurations")
+    ap.add_argument("--grad-fold", default="auto", help="carina's grad_fold (auto, host, device)")
+    ap.add_argument("--param-cast", default="auto", help="carina's param_cast (auto, host, device)")
+    ap.add_argument("--cpu-dtype", default="float32", help="carina's compute dtype with --device cpu")
+    ap.add_argument("--spill-blocks", type=int, default=2, help="spill: blocks' optimizer state short of host RAM")
+    ap.add_argument("--nvme-path", default="/tmp/carina_nvme", help="spill: the NVMe tier's directory")
+    ap.add_argument("--spill-tag", default="7b4l", help="report: record name part of the spill row")
+    ap.add_argument("--disk-probe", type=int, default=1 << 30, help="spill: bytes of the disk rate probe")
     args = ap.parse_args()
     args.truncate = [int(x) for x in args.truncate.split(",")]
-    args.report_tokens = [int(x) for x in args.report_tokens.split(",")]
+    args.report_tokens = [int(x) for x in args.report_tokens.split(",") if x]
     Path(args.work).mkdir(parents=True, exist_ok=True)
     if args.phase == "report":
         from report_s2 import report
 
         report(args)
         return
-    {"ideal": phase_ideal, "carina": phase_carina, "fsdp2": phase_fsdp2, "notax": phase_notax}[args.phase](args)
+    phases = {"ideal": phase_ideal, "carina": phase_carina, "fsdp2": phase_fsdp2, "notax": phase_notax}
+    phases["spill"] = phase_spill
+    phases[args.phase](args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@
 #   DEVICE=cpu OUT=/tmp/offload_out bash benchmarks/offload/h100_s2.sh   # tiny sizes, proves the script
 #   PHASES="ideal carina_8k cpu_optim" BUDGET=200 OUT=<dir> bash benchmarks/offload/h100_s2.sh   # those phases
 #
-# PHASES (default: all but cpu_optim) picks among: ideal carina_8k carina_32k fsdp2_8k notax_3b cpu_optim
+# PHASES (default: all but cpu_optim, spill_8k and gpu_tests) picks among: ideal carina_8k carina_32k fsdp2_8k
+# notax_3b cpu_optim spill_8k gpu_tests (gpu_tests: tests/offload/test_cuda.py, first, its summary in gpu_tests.txt) and
+# spill_8k (spill_8k: the 7B shape at SPILL_LAYERS (4) layers, 8k tokens, a host budget SPILL_BLOCKS (2)
+# blocks' optimizer state short of the plan's need, so that state spills to the NVMe tier in NVME_DIR; the tier's
+# write/read rates are measured first and are the disk roofline; record offload_s2_7b4l_spill_8k.json)
 # (cpu_optim: bench_cpu_optimizer.py --kernels-only, fused CPU AdamW over one 7B block with all threads or
 # one fewer, quiet or beside one busy thread, per-parameter tensors or one flat tensor; its record is
 # offload_cpu_optimizer_kernels_llama2-7b.json, written as soon as it ends); the report then writes
@@ -22,19 +26,19 @@
 # HARD TIME BUDGET: 420 s in total (BUDGET; 200 s is enough for PHASES="ideal carina_8k"). Every step runs under `timeout`; a step gets at most its
 # own cap and never more than what is left of the budget minus the report's reserve; a step that
 # cannot get its minimum is skipped and its row says so.
-# Why 16 layers: carina keeps 20 B/param in host RAM (fp32 master 4, fp32 grad 4, bf16 staging 2,
-# bf16 copy 2, AdamW 8), so the full 6.74B model needs 135 GB (+ activations swapped while profiling)
-# > 125 GB; it would have to spill >= 35 GB of optimizer state to the ~1.5 GB/s disk (>= 47 s of disk
-# traffic per step), which this budget cannot hold. 16 layers: 70 GB of state + ~25 GB of swapped
-# activations during profiling. The ideal is also extrapolated to the full 32 layers in each record.
+# Why 16 layers: carina kept 20 B/param in host RAM (fp32 master 4, fp32 grad 4, bf16 staging 2, bf16 copy 2,
+# AdamW 8) when this was written, so the full 6.74B model needed 135 GB > the RAM. With the gradient fold and the
+# parameter cast on the device (the defaults since), it is 16 B/param at one micro-batch (18 with micro-batches
+# added on the host): 108 GB for the full model, plus the activations swapped while profiling, still too close to
+# a 128 GB machine's RAM for a budgeted run. 16 layers: 56-70 GB of state. The ideal is also extrapolated to 32 layers.
 set -uo pipefail
 BUDGET=${BUDGET:-420}
 RESERVE=25          # seconds kept for the final report
 OUT=${OUT:?set OUT}
-DIR="$OUT/offload"
+DIR="$OUT/${LANE:-offload}"   # LANE: the folder under $OUT (benchmarks/h100_combined.sh packs $OUT/<lane>)
 WORK=${WORK:-$DIR}   # each phase's JSON lands next to the records as soon as the phase ends (never /tmp)
 mkdir -p "$DIR" "$WORK"
-rm -f "$WORK"/ideal.json "$WORK"/carina_*.json "$WORK"/fsdp2_*.json "$WORK"/notax_*.json
+rm -f "$WORK"/ideal.json "$WORK"/carina_*.json "$WORK"/fsdp2_*.json "$WORK"/notax_*.json "$WORK"/spill_*.json
 LOG="$DIR/s2.log"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
 PY=${PY:-python3}
@@ -42,6 +46,7 @@ if [ "${DEVICE:-cuda}" = cpu ] && [ -x .venv/bin/python ]; then PY=.venv/bin/pyt
 B="$PY benchmarks/offload/bench_s2.py"
 PHASES=${PHASES:-"ideal carina_8k carina_32k fsdp2_8k notax_3b"}
 OPTIM_THREADS=${OPTIM_THREADS:-0}
+SPILL_LAYERS=${SPILL_LAYERS:-4}; SPILL_BLOCKS=${SPILL_BLOCKS:-2}; NVME_DIR=${NVME_DIR:-/tmp/carina_nvme}
 want() { [[ " $PHASES " == *" $1 "* ]]; }
 START=$(date +%s)
 
@@ -49,11 +54,12 @@ if [ "${DEVICE:-cuda}" = cpu ]; then   # tiny sizes: proves every phase and the 
   COMMON="--device cpu --model tiny --layers 4 --truncate 2,4 --seq 64 --micro 2 --cap 0 --host-budget 0 --adam-probe 1048576 --tag tiny"
   T8=256; T32=1024; NOTAX="--model tiny --layers 4"
   export OMP_NUM_THREADS=1   # a shared CPU box: one intra-op thread keeps timings sane
-  CAPS=(60 90 90 60 90 60); NOTAX_MIN=30; KMODEL=tiny
+  CAPS=(60 90 90 60 90 60 60); NOTAX_MIN=30; KMODEL=tiny; SPILL_TAG=tiny; DISK_PROBE=$((64 << 20))
 else
   COMMON="--model llama2-7b --layers 16 --seq 2048 --micro 4 --cap 24 --host-budget 110 --tag 7b16l"
   T8=8192; T32=32768; NOTAX="--model llama-3b --layers 26 --micro 1"
-  CAPS=(60 150 150 90 120 40); NOTAX_MIN=100; KMODEL=llama2-7b   # ideal, carina 8k/32k, fsdp2, no tax, cpu_optim
+  CAPS=(60 150 150 90 120 40 90); NOTAX_MIN=100; KMODEL=llama2-7b   # ideal, carina 8k/32k, fsdp2, no tax, cpu_optim, spill
+  SPILL_TAG=7b${SPILL_LAYERS}l; DISK_PROBE=$((1 << 30))
 fi
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -73,18 +79,26 @@ step() {  # step NAME CAP MIN cmd...
 }
 REPORT_TOKENS=$( { want carina_8k && echo $T8; want carina_32k && echo $T32; } | paste -sd, )
 report() {  # report SECONDS
-  [ -n "$REPORT_TOKENS" ] || return 0
-  timeout -k 2 "$1" $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens "$REPORT_TOKENS" --tokens $T8 >>"$LOG" 2>&1 \
+  [ -n "$REPORT_TOKENS" ] || want spill_8k || return 0
+  timeout -k 2 "$1" $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens "$REPORT_TOKENS" --tokens $T8 \
+    --spill-tag "$SPILL_TAG" >>"$LOG" 2>&1 \
     || echo "== report failed (rc=$?)" | tee -a "$LOG"
 }
 
 { echo "== machine"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null; free -g; df -h /tmp | tail -1; nproc; } >>"$LOG" 2>&1
 echo "== phases: $PHASES (budget $BUDGET s)" | tee -a "$LOG"
 CARINA="--optim-threads $OPTIM_THREADS"
+if want gpu_tests && [ "${DEVICE:-cuda}" != cpu ]; then   # the GPU paths' correctness tests first
+  step gpu_tests 60 20 bash -c "$PY -m pytest -q -p no:cacheprovider -m gpu tests/offload/test_cuda.py 2>&1 \
+    | tee '$DIR/gpu_tests.txt' | tail -15"
+fi
 want ideal      && step ideal      "${CAPS[0]}" 20 $B ideal  --work "$WORK" $COMMON
 want carina_8k  && step carina_8k  "${CAPS[1]}" 60 $B carina --work "$WORK" $COMMON $CARINA --tokens $T8 --steps 3
 want carina_32k && step carina_32k "${CAPS[2]}" 60 $B carina --work "$WORK" $COMMON $CARINA --tokens $T32 --steps 2
 [ "${DEVICE:-cuda}" != cpu ] && want fsdp2_8k && step fsdp2_8k "${CAPS[3]}" 45 $B fsdp2 --work "$WORK" $COMMON --tokens $T8 --steps 2
+want spill_8k   && step spill_8k   "${CAPS[6]}" 45 $B spill  --work "$WORK" $COMMON $CARINA --layers "$SPILL_LAYERS" \
+  --tokens $T8 --steps 2 --spill-blocks "$SPILL_BLOCKS" --nvme-path "$NVME_DIR" --disk-probe "$DISK_PROBE"
+rm -rf "$NVME_DIR"   # the tier removes its file; a killed phase may leave it
 want notax_3b   && step notax_3b   "${CAPS[4]}" "$NOTAX_MIN" $B notax --work "$WORK" $COMMON $NOTAX --tokens $T8 --steps 3
 want cpu_optim  && step cpu_optim  "${CAPS[5]}" 20 $PY benchmarks/offload/bench_cpu_optimizer.py --kernels-only \
   --model $KMODEL --rounds 3 --reps 3 --out "$DIR"

@@ -56,9 +56,12 @@ def roofline(run: dict[str, Any], rates: dict[str, float], compute_s: float) -> 
         terms["h2d"] = moved.get("host->device", 0) / (rates["h2d_gbps"] * 1e9)
         terms["d2h"] = moved.get("device->host", 0) / (rates["d2h_gbps"] * 1e9)
     hw = run.get("hardware") or {}
-    nvme = moved.get("host->nvme", 0) + moved.get("nvme->host", 0)
-    if nvme:
-        terms["disk"] = nvme / hw.get("disk", 1.5e9)
+    disk = run.get("disk") or {}  # the spill phase's measured tier rates
+    if "write_gbps" in disk:
+        terms["disk"] = moved.get("host->nvme", 0) / (disk["write_gbps"] * 1e9)
+        terms["disk"] += moved.get("nvme->host", 0) / (disk["read_gbps"] * 1e9)
+    elif moved.get("host->nvme", 0) + moved.get("nvme->host", 0):
+        terms["disk"] = (moved.get("host->nvme", 0) + moved.get("nvme->host", 0)) / hw.get("disk", 1.5e9)
     return terms
 
 
@@ -71,10 +74,13 @@ def _host(run: dict[str, Any]) -> dict[str, Any]:
     return host
 
 
-def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], fit: dict[str, float] | None) -> str:
-    run = _load(work, f"carina_{tokens}")
-    fsdp = _load(work, f"fsdp2_{tokens}")
-    name = f"offload_s2_{args.tag}_{_label(tokens)}"
+def carina_record(
+    args: Any, work: Path, tokens: int, rates: dict[str, float], fit: dict[str, float] | None, prefix: str = ""
+) -> str:
+    run = _load(work, f"{prefix}carina_{tokens}")
+    fsdp = _load(work, f"fsdp2_{tokens}") if not prefix else None
+    tag = args.spill_tag if prefix else args.tag
+    name = f"offload_s2_{tag}_{prefix}{_label(tokens)}"
     if run is None or "error" in run:
         why = (run or {}).get("error", "the phase left no result (timed out or crashed: see s2.log)")
         rec = make_record(name=name, figures=[Figure(name="tokens_per_s", value=0.0, unit="tokens/s")],
@@ -88,6 +94,8 @@ def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], f
         fb_s, ideal_s = ideal_step(fit, run["layers"], run["params"], run["accum"])
         terms = roofline(run, rates, fb_s)
         peers["roofline (max of compute, PCIe, CPU AdamW, disk)"] = tokens / max(terms.values())
+        if "disk" in terms:
+            peers["disk roofline (NVMe bytes per step at the measured tier rates)"] = tokens / terms["disk"]
     if fsdp is not None:
         peers["fsdp2_cpu_offload"] = fsdp.get("tokens_per_s", 0.0)
     figs = [
@@ -116,6 +124,7 @@ def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], f
         "rates": rates,
         "step_split_s": run.get("step_split"),  # median phase split of the timed steps (carina.offload.timing)
         "optim_rates": run.get("optim_rates"),
+        "plan_vs_measured_s": plan_vs_measured(run),
     }
     rec = make_record(name=name, figures=figs, config=_config(args, tokens, run), metrics=metrics, notes=_NOTES)
     write_record(rec, directory=Path(args.out))
@@ -123,8 +132,24 @@ def carina_record(args: Any, work: Path, tokens: int, rates: dict[str, float], f
     rf = metrics["fraction_of_roofline"]
     fs = f"{peers['fsdp2_cpu_offload']:.0f}" if "fsdp2_cpu_offload" in peers else "-"
     host = run["host"]["process_rss_peak_sampled"] / 1e9
-    return (f"| carina {args.tag} | {tokens} | {run['tokens_per_s']:.0f} | {_pct(fr)} | {_pct(rf)} | {fs} | "
+    label = f"{tag} spill" if prefix else tag
+    return (f"| carina {label} | {tokens} | {run['tokens_per_s']:.0f} | {_pct(fr)} | {_pct(rf)} | {fs} | "
             f"{host:.1f} GB |")  # fmt: skip
+
+
+#: The plan's CPU terms and the step timer's host totals that measure the same work.
+_CPU_TERMS = {"cpu_update": "optim_update_s", "cpu_fold": "optim_fold_s", "cpu_cast": "optim_cast_s",
+              "disk": "optim_disk_s"}  # fmt: skip
+
+
+def plan_vs_measured(run: dict[str, Any]) -> dict[str, list[float | None]]:
+    """[predicted, measured] seconds per step: the step, and each CPU term against the step timer's."""
+    pred = (run.get("plan") or {}).get("predicted_s") or {}
+    split = run.get("step_split") or {}
+    out: dict[str, list[float | None]] = {"step": [pred.get("step"), run.get("step_s")]}
+    for term, timer in _CPU_TERMS.items():
+        out[term] = [pred.get(term), split.get(timer)]
+    return out
 
 
 def _label(tokens: int) -> str:
@@ -138,14 +163,14 @@ def _pct(x: float | None) -> str:
 def _config(args: Any, tokens: int, run: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "model": args.model,
-        "layers": args.layers,
+        "layers": (run or {}).get("layers") or args.layers,
         "params": (run or {}).get("params"),
         "tokens_per_step": tokens,
         "seq": args.seq,
         "micro_batch_sequences": args.micro,
         "gpu_cap_gib": args.cap,
         "carina_device_budget": "90% of the cap",
-        "host_budget_gb": args.host_budget,
+        "host_budget_gb": (((run or {}).get("config") or {}).get("host_budget") or args.host_budget * 1e9) / 1e9,
         "init": "seeded float32 random init on the GPU, moved to the host",
     }
 
@@ -196,6 +221,8 @@ def report(args: Any) -> None:
     ]
     for tokens in args.report_tokens:
         lines.append(carina_record(args, work, tokens, rates, fit))
+    if _load(work, f"spill_carina_{args.tokens}"):
+        lines.append(carina_record(args, work, args.tokens, rates, fit, prefix="spill_"))
     if _load(work, f"notax_carina_{args.tokens}") or _load(work, f"notax_plain_{args.tokens}"):
         lines.append(notax_record(args, work, args.tokens))
     table = "\n".join(lines)

@@ -32,6 +32,8 @@ def test_flat_updates_equal_per_parameter_fused_updates_bitwise():
     ref = train_losses(model2, opt2, 5)
     assert got == ref
     assert _flat_count(opt) == len(co.handle_of(model).runtime.groups) and _flat_count(opt2) == 0
+    opt.synchronize()
+    opt2.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(opt.masters, opt2.masters, strict=True))
     sd, sd2 = opt.state_dict()["state"], opt2.state_dict()["state"]
     assert sd.keys() == sd2.keys()

@@ -89,7 +89,7 @@ def _prof(micro: int, n: int = 4) -> ModelProfile:
     return ModelProfile(blocks, 16 * MiB, 8 * MiB, 16 * MiB, 0.001, copy_bytes_per_param=2, micro_batches=micro)
 
 
-HW = Hardware(h2d=20e9, d2h=20e9, optim=2e9, disk=1.5e9, grad_add=1e9)
+HW = Hardware(h2d=20e9, d2h=20e9, optim=2e9, disk=1.5e9, grad_add=1e9, fold=3e9, cast=5e9)
 
 
 def test_simulated_traffic_and_cpu_work_per_accumulation_mode():
@@ -105,8 +105,14 @@ def test_simulated_traffic_and_cpu_work_per_accumulation_mode():
     assert t_host.d2h == pytest.approx(grads_d2h_host)
     assert t_dev.d2h == pytest.approx(grads_d2h_dev)
     numel = prof.numel
-    assert t_host.cpu_optimizer == pytest.approx(numel / HW.optim + 4 * numel / HW.grad_add)
-    assert t_dev.cpu_optimizer == pytest.approx(numel / HW.optim + 4 * prof.resident_numel / HW.grad_add)
+    # the CPU worker: the first micro-batch folded (copied), three added, the update, the cast to the host copy
+    assert t_host.cpu_fold == pytest.approx(numel / HW.fold + 3 * numel / HW.grad_add)
+    assert t_host.cpu_optimizer == pytest.approx(numel / HW.optim + t_host.cpu_fold + numel / HW.cast)
+    assert t_host.cpu_update == pytest.approx(numel / HW.optim)
+    assert t_host.cpu_cast == pytest.approx(numel / HW.cast)
+    rest = prof.resident_numel
+    rest_fold = rest / HW.fold + 3 * rest / HW.grad_add  # the parameters outside blocks accumulate on the host
+    assert t_dev.cpu_optimizer == pytest.approx(numel / HW.optim + rest_fold + numel / HW.cast)
     acc = 4 * blocks
     assert [e.device_bytes - acc for e in ev_dev] == [e.device_bytes for e in ev_host]
     assert len(ev_dev) == 4 * (2 * len(prof.blocks) + 1)

@@ -32,7 +32,10 @@ def problems(draw):
         resident_numel=draw(st.integers(0, 16)) * MiB,
         other_act_bytes=draw(st.integers(0, 64)) * MiB,
         other_fwd_s=draw(st.floats(0, 0.1)),
-        copy_bytes_per_param=draw(st.sampled_from([2, 4])),
+        copy_bytes_per_param=draw(st.sampled_from([0, 2])),
+        staging_bytes_per_param=draw(st.sampled_from([0, 2, 4])),
+        fold_on_device=draw(st.booleans()),
+        rest_cast_on_device=draw(st.booleans()),
         micro_batches=draw(st.integers(1, 4)),
     )
     hw = Hardware(
@@ -41,6 +44,8 @@ def problems(draw):
         optim=draw(st.floats(1e8, 6e9)),
         disk=draw(st.floats(1e8, 3e9)),
         grad_add=draw(st.floats(5e8, 8e9)),
+        fold=draw(st.floats(1e9, 2e10)),
+        cast=draw(st.floats(1e9, 2e10)),
     )
     budgets = PlanBudgets(
         device=draw(st.integers(16, 4096)) * MiB,
@@ -50,20 +55,21 @@ def problems(draw):
     policy = draw(st.sampled_from(["plan", "keep", "swap", "recompute"]))
     depth = draw(st.integers(1, 3))
     overlap = draw(st.booleans())
-    return prof, hw, budgets, policy, depth, overlap
+    options = {"cast": draw(st.sampled_from(["host", "device", "auto"])), "carry": draw(st.booleans())}
+    return prof, hw, budgets, policy, depth, overlap, options
 
 
 @settings(max_examples=300, deadline=None)
 @given(problems())
 def test_plan_fits_budgets_and_never_computes_before_prefetch(problem):
-    prof, hw, budgets, policy, depth, overlap = problem
+    prof, hw, budgets, policy, depth, overlap, options = problem
     try:
-        plan = make_plan(prof, budgets, hw, policy=policy, prefetch_depth=depth, overlap=overlap)
+        plan = make_plan(prof, budgets, hw, policy=policy, prefetch_depth=depth, overlap=overlap, **options)
     except CapacityError as exc:
         assert exc.context["tier"] in ("device", "host", "nvme")
         assert exc.context["needed"] > exc.context["budget"]
         return
-    events, time = simulate(plan.blocks, prof, hw, depth, overlap)
+    events, time = simulate(plan.blocks, prof, hw, depth, overlap, options["carry"])
     assert max(e.device_bytes for e in events) <= budgets.device
     host, nvme = host_bytes(prof, plan.blocks)
     assert budgets.host is None or host <= budgets.host
@@ -95,7 +101,10 @@ def test_more_device_memory_never_predicts_a_slower_step():
 def test_unlimited_device_keeps_everything_resident():
     plan = make_plan(_simple(), PlanBudgets(device=None, host=None), Hardware(20e9, 20e9, 2e9, 1.5e9))
     assert plan.counts()["resident"] == 8 and plan.counts()["keep"] == 8
-    assert plan.time.h2d == 0
+    # no streaming: the link carries only the updated weights, once per step
+    prof = _simple()
+    once = sum(b.param_bytes for b in prof.blocks) + prof.resident_param_bytes
+    assert plan.time.h2d == pytest.approx(once / 20e9)
 
 
 def test_host_shortfall_spills_state_to_nvme_or_says_what_fits():

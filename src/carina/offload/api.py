@@ -20,7 +20,7 @@ from torch import nn
 from carina.core.errors import ConfigError
 from carina.memory.store import StoreStats, TensorStore, TierBudgets
 from carina.offload.blocks import find_blocks
-from carina.offload.config import AllocatorMode, ComputeDtype, OffloadConfig
+from carina.offload.config import AllocatorMode, ComputeDtype, ConvertOn, OffloadConfig
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.runtime import OffloadRuntime
 from carina.offload.session import OffloadOptimizer
@@ -60,6 +60,10 @@ class OffloadHandle:
         """Each timed step's split (``Config(step_timing=True)``; see :mod:`carina.offload.timing`)."""
         timer = self.runtime.timer
         return list(timer.steps) if timer is not None else []
+
+    def synchronize(self) -> None:
+        """Wait until the CPU worker finished every queued update (see ``OffloadOptimizer.synchronize``)."""
+        self.optimizer.synchronize()
 
     def stats(self) -> StoreStats:
         """Bytes used, peak and budget per tier, bytes moved per route."""
@@ -102,8 +106,19 @@ def static_profile(model: nn.Module, cfg: OffloadConfig, state_bytes: int = 8) -
         numel = sum(p.numel() for p in params)
         profs.append(BlockProfile(name, numel * item, numel, 0, 1e-3))
     rest = sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in seen)
-    copy = item + (0 if dtype == torch.float32 else item)
-    return ModelProfile(tuple(profs), rest * item, rest, 0, 1e-3, state_bytes, copy)
+    fold = cfg.grad_fold is not ConvertOn.HOST
+    return ModelProfile(
+        tuple(profs),
+        rest * item,
+        rest,
+        0,
+        1e-3,
+        state_bytes,
+        copy_bytes_per_param=0 if dtype == torch.float32 else item,
+        staging_bytes_per_param=item if not fold or cfg.grad_accumulation > 1 else 0,
+        fold_on_device=fold,
+        rest_cast_on_device=cfg.param_cast is not ConvertOn.HOST,
+    )
 
 
 def wrap(
@@ -142,6 +157,7 @@ def wrap(
         _NOMINAL,
         policy="recompute",
         prefetch_depth=cfg.prefetch_depth,
+        cast="host" if cfg.param_cast is ConvertOn.HOST else "device",
     )
     store = TensorStore(
         TierBudgets(
@@ -208,7 +224,7 @@ def _install_state_hooks(model: nn.Module, rt: OffloadRuntime) -> None:
                 rt.wait_updates(g)
                 sl = g.slot(i)
                 g.master[sl].copy_(value.reshape(-1))
-                if g.host_copy is not g.master:
+                if g.host_copy is not None and g.host_copy is not g.master:
                     g.host_copy[sl].copy_(g.master[sl])
                 g.stale = True
 

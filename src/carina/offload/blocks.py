@@ -6,8 +6,11 @@ host RAM, and the device buffer in the compute dtype whose storage is freed
 whenever the group is not resident. A block the plan lets accumulate its
 gradients on the device also owns a float32 device accumulator. The module's parameters become views of
 the device buffer, so freeing and refilling that one storage makes them (and
-every view autograd saved of them) empty or valid again. A host copy in the
-compute dtype feeds the device; it is the master itself when both are float32.
+every view autograd saved of them) empty or valid again. Two host buffers exist
+only where they are used: gradient staging in the compute dtype (when gradients
+are folded on the host, or micro-batches added there) and a host copy in the
+compute dtype that feeds the device (when the cast runs on the host; it is the
+master itself when both are float32, and absent when the device casts).
 """
 
 from __future__ import annotations
@@ -24,7 +27,16 @@ from carina.core.errors import ConfigError
 from carina.memory.store import TensorStore
 from carina.memory.tiers import Tier
 
-__all__ = ["ParamGroup", "build_groups", "find_blocks", "partition", "release_device", "restore_device"]
+__all__ = [
+    "HostBuffers",
+    "HostLayout",
+    "ParamGroup",
+    "build_groups",
+    "find_blocks",
+    "partition",
+    "release_device",
+    "restore_device",
+]
 
 
 def find_blocks(model: nn.Module, names: list[str]) -> list[tuple[str, nn.Module]]:
@@ -70,8 +82,8 @@ class ParamGroup:
     offsets: list[int]
     master: torch.Tensor  # fp32 flat, host
     grad: torch.Tensor  # fp32 flat, host
-    staging: torch.Tensor  # compute-dtype flat, host: gradients land here first
-    host_copy: torch.Tensor  # compute-dtype flat, host (the master when fp32)
+    staging: torch.Tensor | None  # compute-dtype flat, host: gradients folded on the host land here first
+    host_copy: torch.Tensor | None  # compute-dtype flat, host (the master when fp32; None: cast on the device)
     device: torch.Tensor  # compute-dtype flat, device; storage freed when not resident
     resident: bool = False
     on_device: bool = True
@@ -81,12 +93,14 @@ class ParamGroup:
     masters: list[nn.Parameter] = field(default_factory=list)
     grads_seen: int = 0
     has_grad: bool = False
-    stepped: bool = False
+    queued: bool = False  # this step's update is queued on the CPU worker (during backward)
+    detached: bool = False  # that update may finish after optimizer.step() returns (its use waits for it)
     pending: list[cf.Future[Any]] = field(default_factory=list)  # every CPU task queued for the group
     updates: list[cf.Future[Any]] = field(default_factory=list)  # the tasks that rewrite its host copy
     acc: torch.Tensor | None = None  # float32 flat, device: gradients summed over micro-batches (planned)
     acc_count: int = 0  # micro-batches summed in ``acc`` and not shipped yet
     acc_event: Any = None  # the copy shipping ``acc`` to the host (``acc`` is reused after it)
+    direct: bool = False  # this backward's gradients go to the host gradient as float32 (folded on the device)
     grad_mode: str = "host"  # this backward: "host" (staging), "acc" (add on device) or "ship" (add, send sum)
     act_bytes: int = 0
     fwd_s: float = 0.0
@@ -95,6 +109,16 @@ class ParamGroup:
     def numel(self) -> int:
         """Parameters in the group."""
         return int(self.master.numel())
+
+    @property
+    def feed(self) -> torch.Tensor:
+        """The host buffer the device is filled from: the host copy, or the float32 master (cast on the device)."""
+        return self.master if self.host_copy is None else self.host_copy
+
+    def refresh_copy(self) -> None:
+        """Cast the master into the host copy (nothing when there is none or it is the master)."""
+        if self.host_copy is not None and self.host_copy is not self.master:
+            self.host_copy.copy_(self.master)
 
     @property
     def device_bytes(self) -> int:
@@ -109,41 +133,80 @@ class ParamGroup:
 HostAlloc = Callable[[tuple[int, ...], torch.dtype, str], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class HostLayout:
+    """Which optional host buffers the groups get when they are built."""
+
+    staging: bool = True  # compute-dtype gradient staging (host fold or host accumulation)
+    host_copy: bool = True  # compute-dtype copy feeding the device (host cast; always the master with fp32)
+
+
+class HostBuffers:
+    """Allocates the groups' host buffers: pinned slabs with CUDA, the store's host tier otherwise.
+
+    Buffers may be added after the groups are built (a plan that stages or casts a block on the host).
+    """
+
+    def __init__(self, store: TensorStore, sizes: list[int]) -> None:
+        from carina.offload.hostmem import PinnedSlabs, slab_size
+
+        self.store = store
+        self.slabs = PinnedSlabs(store, slab_size(sizes)) if store.pinned else None
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned bytes the slabs hold."""
+        return self.slabs.reserved if self.slabs is not None else 0
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
+        """An uninitialised host tensor charged to the host tier."""
+        if self.slabs is not None:
+            return self.slabs.empty(shape, dtype, what)
+        return self.store.empty(shape, dtype, Tier.HOST, what)
+
+    def add_staging(self, g: ParamGroup) -> None:
+        """Give ``g`` host gradient staging (if it has none)."""
+        if g.staging is None:
+            g.staging = self((g.numel,), g.device.dtype, f"{g.name} gradient staging")
+
+    def add_host_copy(self, g: ParamGroup) -> None:
+        """Give ``g`` a compute-dtype host copy of its masters (if it has none), filled now."""
+        if g.host_copy is None:
+            g.host_copy = self((g.numel,), g.device.dtype, f"{g.name} copy")
+            g.refresh_copy()
+
+
 def build_groups(
     named: list[tuple[str, nn.Module | None, list[nn.Parameter]]],
     store: TensorStore,
     compute_dtype: torch.dtype | None,
-) -> tuple[list[ParamGroup], int]:
+    layout: HostLayout | None = None,
+) -> tuple[list[ParamGroup], HostBuffers]:
     """Move each group's parameters into flat host masters and device views (charged to ``store``).
 
     Groups with a module (the blocks) start released: their device storage is
     freed right after the views are made. The group without one stays resident.
     With pinned host memory the buffers are carved from power-of-two slabs
-    (:mod:`carina.offload.hostmem`). Returns the groups and the pinned bytes reserved.
+    (:mod:`carina.offload.hostmem`). Returns the groups and their host allocator.
     """
-    from carina.offload.hostmem import PinnedSlabs, slab_size
-
+    layout = layout or HostLayout()
     sizes = []
     for _, _, params in named:
         numel = sum(p.numel() for p in params)
         item = torch.empty((), dtype=compute_dtype or (params[0].dtype if params else torch.float32)).element_size()
-        sizes += [4 * numel, 4 * numel, item * numel] + ([item * numel] if item != 4 else [])
-    slabs = PinnedSlabs(store, slab_size(sizes)) if store.pinned else None
-
-    def host(shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
-        if slabs is not None:
-            return slabs.empty(shape, dtype, what)
-        return store.empty(shape, dtype, Tier.HOST, what)
-
+        sizes += [4 * numel, 4 * numel]
+        sizes += [item * numel] if layout.staging else []
+        sizes += [item * numel] if item != 4 and layout.host_copy else []
+    host = HostBuffers(store, sizes)
     groups = []
     for i, (name, mod, params) in enumerate(named):
-        group = _build(i, name, mod, params, store=store, compute_dtype=compute_dtype, host=host)
+        group = _build(i, name, mod, params, store=store, compute_dtype=compute_dtype, host=host, layout=layout)
         if mod is not None:
             release_device(group, store)
         else:
             group.resident = True
         groups.append(group)
-    return groups, slabs.reserved if slabs is not None else 0
+    return groups, host
 
 
 def release_device(group: ParamGroup, store: TensorStore) -> None:
@@ -171,6 +234,7 @@ def _build(
     store: TensorStore,
     compute_dtype: torch.dtype | None,
     host: HostAlloc,
+    layout: HostLayout,
 ) -> ParamGroup:
     dtype = compute_dtype or (params[0].dtype if params else torch.float32)
     for p in params:
@@ -183,18 +247,20 @@ def _build(
     master = host((total,), torch.float32, f"{name} masters")
     grad = host((total,), torch.float32, f"{name} gradients")
     grad.zero_()
-    staging = host((total,), dtype, f"{name} gradient staging")
-    host_copy = master if dtype == torch.float32 else host((total,), dtype, f"{name} copy")
+    staging = host((total,), dtype, f"{name} gradient staging") if layout.staging else None
+    host_copy: torch.Tensor | None = master
+    if dtype != torch.float32:
+        host_copy = host((total,), dtype, f"{name} copy") if layout.host_copy else None
     device = store.empty((total,), dtype, Tier.DEVICE, f"{name} parameters")
     group = ParamGroup(index, name, module, params, offsets, master, grad, staging, host_copy, device)
     with torch.no_grad():
         for i, p in enumerate(params):
             sl = group.slot(i)
             master[sl].copy_(p.detach().reshape(-1))
-            if host_copy is not master:
+            if host_copy is not None and host_copy is not master:
                 host_copy[sl].copy_(master[sl])
             if module is None:
-                device[sl].copy_(host_copy[sl])
+                device[sl].copy_(master[sl])
             p.data = device[sl].view(p.shape)
             mp = nn.Parameter(master[sl].view(p.shape))
             group.masters.append(mp)

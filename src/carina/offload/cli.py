@@ -29,6 +29,13 @@ def plan(
     optim_gparams: Annotated[float, typer.Option(help="CPU optimizer Gparam/s.")] = 2.0,
     disk_gbps: Annotated[float, typer.Option(help="NVMe GB/s.")] = 1.5,
     grad_add_gelems: Annotated[float, typer.Option(help="CPU gradient-accumulation Gelem/s.")] = 3.0,
+    cast_gelems: Annotated[float, typer.Option(help="CPU cast of masters into the host copy, Gelem/s.")] = 10.0,
+    fold_gelems: Annotated[float, typer.Option(help="CPU fold of staged gradients, Gelem/s.")] = 10.0,
+    layers: Annotated[int, typer.Option(help="Decoder layers (0: the preset's).")] = 0,
+    convert_on_host: Annotated[bool, typer.Option(help="Fold and cast on the CPU (grad_fold, param_cast host).")] = (
+        False
+    ),
+    step_barrier: Annotated[bool, typer.Option(help="step() waits for every update (no carry-over).")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Plan a model from its shape (modeled): bytes per tier, predicted step split, bottleneck.
@@ -57,11 +64,15 @@ def plan(
             raise ConfigError("micro_batches must be >= 1", key="micro_batches")
         if activations not in ("plan", "keep", "swap", "recompute"):
             raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
-        cfg = model_config(model)
+        cfg = model_config(model, **({"num_hidden_layers": layers} if layers else {}))
+        staged = micro_batches > 1 or convert_on_host  # host staging only where gradients are folded/added there
         prof = replace(estimate_profile(cfg, ShapeEstimate(tokens, seq_len, tflops, dtype_bytes)),
-                       micro_batches=micro_batches)  # fmt: skip
-        hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9)
-        result = make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth)
+                       micro_batches=micro_batches, staging_bytes_per_param=dtype_bytes if staged else 0,
+                       fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host)  # fmt: skip
+        hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9,
+                     cast=cast_gelems * 1e9, fold=fold_gelems * 1e9)  # fmt: skip
+        result = make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth,
+                           cast="host" if convert_on_host else "auto", carry=not step_barrier)  # fmt: skip
     except CarinaError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from None
@@ -86,7 +97,9 @@ def plan(
         {"tier": "nvme", "bytes": format_bytes(result.nvme_bytes), "budget": format_bytes(budgets.nvme)},
     ]  # fmt: skip
     print_table(rows, columns=["tier", "bytes", "budget"], title="bytes per tier")
-    parts = {"compute": t.compute, "h2d": t.h2d, "d2h": t.d2h, "cpu optimizer": t.cpu_optimizer, "disk": t.disk}
+    parts = {"compute": t.compute, "h2d": t.h2d, "d2h": t.d2h, "cpu optimizer": t.cpu_optimizer,
+             "  cpu update": t.cpu_update, "  cpu fold/add": t.cpu_fold, "  cpu cast": t.cpu_cast,
+             "disk": t.disk}  # fmt: skip
     print_table([{"resource": k, "seconds": f"{v:.3f}"} for k, v in parts.items()], columns=["resource", "seconds"],
                 title=f"predicted step {t.predicted:.3f} s, bottleneck {t.bottleneck}")  # fmt: skip
 

@@ -8,7 +8,15 @@ from pathlib import Path
 
 from carina.core.config import Config, require
 
-__all__ = ["ActivationPolicy", "AllocatorMode", "ComputeDtype", "CpuOptimizerImpl", "OffloadConfig", "OverlapMode"]
+__all__ = [
+    "ActivationPolicy",
+    "AllocatorMode",
+    "ComputeDtype",
+    "ConvertOn",
+    "CpuOptimizerImpl",
+    "OffloadConfig",
+    "OverlapMode",
+]
 
 
 class ActivationPolicy(enum.Enum):
@@ -51,6 +59,20 @@ class CpuOptimizerImpl(enum.Enum):
     AUTO = "auto"  # fused when the device computes and the user chose no implementation; else as given
     AS_GIVEN = "as_given"  # exactly the user's settings (bitwise equal to plain CPU training)
     FUSED = "fused"  # the fused CPU kernel (Adam, AdamW, SGD, Adagrad)
+
+
+class ConvertOn(enum.Enum):
+    """Where a dtype conversion between the compute dtype and float32 runs: the host or the device.
+
+    Used for the gradient fold (compute-dtype gradient into the float32 host gradient) and the
+    parameter cast (float32 master into the compute dtype the device computes with). On the
+    host each is a pass over host memory on the CPU optimizer's thread; on the device the
+    conversion is a kernel on the GPU and the link carries float32 (4 bytes per element).
+    """
+
+    AUTO = "auto"  # fold: on the device; cast: the planner chooses per block (device while profiling)
+    HOST = "host"  # on the CPU optimizer's thread (host staging / a compute-dtype host copy)
+    DEVICE = "device"  # on the device (no host staging / no host copy)
 
 
 @dataclass(kw_only=True)
@@ -104,6 +126,25 @@ class OffloadConfig(Config):
             that runs the hooks and issues GPU work, since the kernels split their work evenly
             and a team with one thread short of a core waits for it; with a CPU device, which
             computes on those threads too, PyTorch's count).
+        step_barrier: Make ``optimizer.step()`` wait for every block's update. By default (False)
+            a block updated during backward (one flat fused call, see :mod:`carina.offload.flatstep`)
+            may still be updating when ``step()`` returns: the next forward fetches each block once
+            its own update is done, and the worker updates blocks in the order that forward needs
+            them, so the next forward overlaps the last updates. Its hyperparameters are copied when
+            it is queued, so an LR scheduler stepped meanwhile does not reach it; results are the
+            same either way.
+        grad_fold: Where a block's gradients become float32 (:class:`ConvertOn`). ``device`` (and
+            ``auto``): each gradient is converted on the device and copied straight into the
+            float32 host gradient, so the CPU does no fold pass and no host staging is kept
+            (unless micro-batches are added on the host); the copy carries 4 bytes per
+            parameter instead of the compute dtype's. ``host``: gradients land in host
+            staging in the compute dtype and the CPU worker folds them.
+        param_cast: Where updated float32 masters become the compute dtype (:class:`ConvertOn`).
+            ``host``: the CPU worker casts each updated block into a compute-dtype host copy
+            that feeds the device (2 bytes per parameter of host RAM with bf16). ``device``:
+            the float32 master is copied to the device in chunks and cast there (no host
+            copy, no cast pass; twice the host-to-device bytes). ``auto``: the planner
+            chooses per block (device while profiling). No effect with float32 compute.
         step_timing: Record where each step's time goes (:mod:`carina.offload.timing`): compute,
             recompute, waits on streamed weights, swapped activations and the CPU optimizer,
             and the optimizer's own work. For benchmarks; off by default.
@@ -132,6 +173,9 @@ class OffloadConfig(Config):
     allocator: AllocatorMode = AllocatorMode.AUTO
     cpu_optimizer: CpuOptimizerImpl = CpuOptimizerImpl.AUTO
     cpu_optimizer_threads: int = 0
+    step_barrier: bool = False
+    grad_fold: ConvertOn = ConvertOn.AUTO
+    param_cast: ConvertOn = ConvertOn.AUTO
     step_timing: bool = False
 
     def validate(self) -> None:

@@ -44,7 +44,7 @@ def estimate_profile(config: Any, est: ShapeEstimate, state_bytes: int = 8) -> M
     vocab = config.vocab_size
     rest = vocab * h * (1 if config.tie_word_embeddings else 2) + h
     logits = est.tokens * vocab
-    copy = item + (0 if item == 4 else item)
+    copy = 0 if item == 4 else item  # the host copy of a block cast on the host
     return ModelProfile(
         blocks=tuple(BlockProfile(f"layers.{k}", numel * item, numel, act, fwd) for k in range(n)),
         resident_param_bytes=rest * item,
@@ -53,10 +53,12 @@ def estimate_profile(config: Any, est: ShapeEstimate, state_bytes: int = 8) -> M
         other_fwd_s=est.tokens * 2 * rest / (est.tflops * 1e12),
         state_bytes_per_param=state_bytes,
         copy_bytes_per_param=copy,
+        fold_on_device=True,  # carina's defaults: gradients folded and the rest cast on the device
+        rest_cast_on_device=True,
         head_workspace_bytes=logits_workspace_bytes(logits),
     )
 
 
 def nominal_hardware(h2d_gbps: float, d2h_gbps: float, optim_gparams: float, disk_gbps: float) -> Hardware:
-    """Rates given in GB/s and Gparam/s."""
+    """Rates given in GB/s and Gparam/s (fold and cast at the simulator's defaults)."""
     return Hardware(h2d=h2d_gbps * 1e9, d2h=d2h_gbps * 1e9, optim=optim_gparams * 1e9, disk=disk_gbps * 1e9)

@@ -88,10 +88,14 @@ class FlatStep:
                 for key, t in flat.items()
             }
 
-    def step(self) -> None:
-        """Update the block's masters from its flat float32 gradient."""
+    def hyperparameters(self) -> dict[str, Any]:
+        """A copy of the block's hyperparameters now (tensors cloned), for an update that runs later."""
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.options.items() if k != "params"}
+
+    def step(self, options: dict[str, Any] | None = None) -> None:
+        """Update the block's masters from its flat float32 gradient (with ``options``, those hyperparameters)."""
         pg = self.opt.param_groups[0]
-        for key, value in self.options.items():
+        for key, value in (self.options if options is None else options).items():
             if key != "params":
                 pg[key] = value
         first = not self.opt.state.get(self.param)

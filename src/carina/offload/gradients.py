@@ -1,10 +1,14 @@
 """The gradient path of the offload runtime: from each parameter's gradient to the CPU optimizer.
 
-Each parameter's post-accumulate-grad hook copies its gradient to host staging (or adds it
+Each parameter's post-accumulate-grad hook copies its gradient to the host (or adds it
 to the block's device accumulator, planned for gradient accumulation) and drops it from the
-device; when a block's last gradient is in, the CPU worker folds the staging into the
-float32 gradient and, when the update is exact (last micro-batch, no clipping), updates the
-block's master weights at once while backward continues (Ratel's active gradient offloading).
+device. By default (``grad_fold``) the gradient is converted to float32 on the device and
+copied straight into the block's float32 host gradient, so the CPU does no fold pass; with
+``grad_fold="host"``, or when a micro-batch is added to gradients already on the host, it
+lands in host staging in the compute dtype and the CPU worker folds it in. When a block's
+last gradient is in and the update is exact (last micro-batch, no clipping), the CPU worker
+updates the block's master weights at once while backward continues (Ratel's active
+gradient offloading).
 :class:`GradientPath` is the part of :class:`~carina.offload.runtime.OffloadRuntime` that does
 this; the runtime owns the state it reads.
 """
@@ -22,13 +26,13 @@ from carina.offload.blocks import ParamGroup
 from carina.offload.config import OverlapMode
 
 if TYPE_CHECKING:
-    import concurrent.futures as cf
-
     from carina.memory.store import TensorStore
     from carina.offload.activations import ActivationManager
+    from carina.offload.blocks import HostBuffers
     from carina.offload.config import OffloadConfig
     from carina.offload.streams import Mover
     from carina.offload.timing import StepTimer
+    from carina.offload.worker import PriorityWorker
 
 __all__ = ["GradientPath"]
 
@@ -40,14 +44,17 @@ class GradientPath:
         cfg: OffloadConfig
         store: TensorStore
         mover: Mover
-        worker: cf.ThreadPoolExecutor
+        worker: PriorityWorker
         timer: StepTimer | None
         acts: ActivationManager
         owner: dict[int, tuple[ParamGroup, int]]
         blocks: list[ParamGroup]
+        host: HostBuffers
+        fold_on_device: bool
         profiling: bool
         micro: int
         step_group: Any
+        snapshot: Any
 
         def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
             """The runtime's step-timer phase."""
@@ -74,8 +81,16 @@ class GradientPath:
             self.mover.wait_on_compute(g.acc_event)  # the accumulator's last shipment has left
             g.acc_event = None
             g.events = []
+            g.direct = g.grad_mode == "host" and self.fold_on_device and not g.has_grad
+            if g.grad_mode == "host" and not g.direct:
+                self.host.add_staging(g)  # made at wrap where planned; late only for unplanned micro-batches
         flat = grad.reshape(-1)
-        if g.grad_mode == "host":
+        if g.direct:  # folded on the device: float32 straight into the host gradient, no CPU pass
+            wide = flat.float()
+            g.events.append(self.mover.to_host(g.grad[g.slot(i)], wide))
+            self.store.note_move(Tier.DEVICE, Tier.HOST, wide.numel() * wide.element_size())
+        elif g.grad_mode == "host":
+            assert g.staging is not None
             g.events.append(self.mover.to_host(g.staging[g.slot(i)], flat))
             self.store.note_move(Tier.DEVICE, Tier.HOST, grad.numel() * grad.element_size())
         else:
@@ -116,33 +131,40 @@ class GradientPath:
                 how, g.acc_count = "none", 0
                 g.acc_event = events[-1] if events else None  # the D2H stream runs in order
             else:
-                how = "add" if g.has_grad else "copy"
+                how = "none" if g.direct else "add" if g.has_grad else "copy"
             g.has_grad = True
             eager = self.overlap_now()
-            fut = self.worker.submit(self._consume, g, events, how, eager)
+            # hyperparameters as they are now: a block's update may still run after step() returned
+            options = self.snapshot(g) if eager else None
+            first = g.index if g.module is not None else -1  # the order the next forward needs them
+            fut = self.worker.submit(self._consume, g, events, how, eager, options, priority=first if eager else -2)
             g.pending.append(fut)
             if eager:
                 g.updates.append(fut)
+                g.queued = True
+                g.detached = options is not None and not self.cfg.step_barrier
         if g.module is not None:
             if not g.resident:
                 self._release(g)
             self.acts.block_done(g.index)
 
-    def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool) -> None:
+    def _consume(self, g: ParamGroup, events: list[Any], how: str, eager: bool, options: Any) -> None:
         timer = self.timer
         t0 = time.perf_counter()
         for event in events:
             self.mover.wait_on_host(event)
         t1 = time.perf_counter()
         if how == "add":
+            assert g.staging is not None
             g.grad.add_(g.staging)
         elif how == "copy":
+            assert g.staging is not None
             g.grad.copy_(g.staging)
         if timer is not None:
             timer.add("optim_d2h_wait_s", t1 - t0)
             timer.add("optim_fold_s", time.perf_counter() - t1)
         if eager:
-            self.step_group(g)
+            self.step_group(g, options)
 
     def flush_accumulator(self, g: ParamGroup) -> None:
         """Ship a device accumulator that still holds micro-batches (a step came early) to the host."""

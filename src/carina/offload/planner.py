@@ -7,8 +7,9 @@ block whether its parameters stay on the device or stream in
 ``prefetch_depth`` blocks ahead of use, whether its activations are kept,
 swapped to host RAM or recomputed, whether its gradients accumulate over
 micro-batches in a float32 device buffer (only its final sum crosses PCIe)
-or on the host, and whether its optimizer state lives in host RAM or spills
-to NVMe. Every candidate is replayed by
+or on the host, whether its updated float32 masters are cast into a host copy
+by the CPU or fetched as float32 and cast on the device, and whether its
+optimizer state lives in host RAM or spills to NVMe. Every candidate is replayed by
 :func:`~carina.offload.simulator.simulate`; a choice is accepted only when its
 simulated device peak and host bytes fit their budgets and its simulated step
 is no slower (Ratel's traffic-aware rule: relieve the busiest resource). A
@@ -64,6 +65,7 @@ class Plan:
         out["streamed"] = len(self.blocks) - out["resident"]
         out["state_on_nvme"] = sum(b.state_on_nvme for b in self.blocks)
         out["grad_on_device"] = sum(b.grad_on_device for b in self.blocks)
+        out["cast_on_device"] = sum(b.cast_on_device for b in self.blocks)
         return out
 
     def summary(self) -> dict[str, object]:
@@ -79,6 +81,9 @@ class Plan:
                 "h2d": t.h2d,
                 "d2h": t.d2h,
                 "cpu_optimizer": t.cpu_optimizer,
+                "cpu_update": t.cpu_update,
+                "cpu_fold": t.cpu_fold,
+                "cpu_cast": t.cpu_cast,
                 "disk": t.disk,
                 "step": t.predicted,
             },
@@ -94,16 +99,20 @@ class _Problem:
     hw: Hardware
     depth: int
     overlap: bool
+    carry: bool = False
 
     def finish(self, blocks: tuple[BlockPlan, ...]) -> Plan:
-        events, time = simulate(blocks, self.prof, self.hw, self.depth, self.overlap)
+        events, time = simulate(blocks, self.prof, self.hw, self.depth, self.overlap, self.carry)
         host, nvme = host_bytes(self.prof, blocks)
         return Plan(blocks, self.depth, self.overlap, max(e.device_bytes for e in events), host, nvme, time)
 
     def accept(self, candidate: list[BlockPlan], best: float) -> float | None:
-        """The candidate's simulated step time when it fits and is no slower than ``best``, else None."""
+        """The candidate's simulated step time when it fits and is no slower than ``best``, else None.
+
+        (A ``best`` scaled below the current step asks for a strict gain.)
+        """
         cand = tuple(candidate)
-        events, time = simulate(cand, self.prof, self.hw, self.depth, self.overlap)
+        events, time = simulate(cand, self.prof, self.hw, self.depth, self.overlap, self.carry)
         if self.budgets.device is not None and max(e.device_bytes for e in events) > self.budgets.device:
             return None
         if self.budgets.host is not None and host_bytes(self.prof, cand)[0] > self.budgets.host:
@@ -111,7 +120,7 @@ class _Problem:
         return time.predicted if time.predicted <= best * (1 + 1e-9) else None
 
     def step_time(self, blocks: list[BlockPlan]) -> float:
-        return simulate(tuple(blocks), self.prof, self.hw, self.depth, self.overlap)[1].predicted
+        return simulate(tuple(blocks), self.prof, self.hw, self.depth, self.overlap, self.carry)[1].predicted
 
 
 def _spill_states(prof: ModelProfile, budgets: PlanBudgets, blocks: list[BlockPlan]) -> None:
@@ -150,8 +159,10 @@ def make_plan(
     policy: str = "plan",
     prefetch_depth: int = 1,
     overlap: bool = True,
+    cast: str = "host",
+    carry: bool = False,
 ) -> Plan:
-    """Choose residency, activation action and optimizer-state tier per block.
+    """Choose residency, activation action, gradient accumulation, cast and optimizer-state tier per block.
 
     Args:
         prof: The profiled model.
@@ -160,14 +171,20 @@ def make_plan(
         policy: ``plan`` (choose per block), ``keep``, ``swap`` or ``recompute`` (fixed).
         prefetch_depth: Blocks fetched ahead of use.
         overlap: Whether the CPU optimizer runs during backward.
+        cast: Where updated masters are cast into the compute dtype: ``host`` (a host copy, the
+            CPU casts), ``device`` (float32 fetched, the device casts) or ``auto`` (per block,
+            from the device; a block casts on the host only where that makes the step faster).
+        carry: Whether overlapped updates may run on into the next step's forward (``step_barrier``
+            off), see :func:`~carina.offload.simulator.simulate`.
 
     Raises:
         CapacityError: No choice fits; the message says what would.
     """
-    problem = _Problem(prof, budgets, hw, prefetch_depth, overlap)
+    problem = _Problem(prof, budgets, hw, prefetch_depth, overlap, carry)
     fixed = None if policy == "plan" else Action(policy)
     start = fixed or Action.RECOMPUTE
-    blocks = [BlockPlan(activation=start) for _ in prof.blocks]
+    on_device = cast != "host" and prof.copy_bytes_per_param > 0
+    blocks = [BlockPlan(activation=start, cast_on_device=on_device) for _ in prof.blocks]
     _spill_states(prof, budgets, blocks)
     floor = problem.finish(tuple(blocks)).device_peak
     if budgets.device is not None and floor > budgets.device:
@@ -190,7 +207,10 @@ def make_plan(
             trial = _improve_activations(problem, trial)
         if not grads_first:
             trial = _improve_grad_accumulation(problem, trial)
-        plans.append(problem.finish(tuple(_improve_residency(problem, trial))))
+        trial = _improve_residency(problem, trial)
+        if cast == "auto" and on_device:
+            trial = _greedy(problem, trial, range(len(trial)), strict=True, cast_on_device=False)
+        plans.append(problem.finish(tuple(trial)))
     # device memory goes first where it relieves the bottleneck: the faster of the two orders
     return min(plans, key=lambda plan: plan.time.predicted)
 
@@ -198,7 +218,7 @@ def make_plan(
 def _head_note(problem: _Problem, blocks: list[BlockPlan], floor: int) -> str:
     """Name the head's transient workspace when the head stage is where the floor peaks."""
     work = problem.prof.head_workspace_bytes
-    events, _ = simulate(tuple(blocks), problem.prof, problem.hw, problem.depth, problem.overlap)
+    events, _ = simulate(tuple(blocks), problem.prof, problem.hw, problem.depth, problem.overlap, problem.carry)
     if not work or not any(e.kind == "head" and e.device_bytes == floor for e in events):
         return ""
     return (
@@ -207,13 +227,18 @@ def _head_note(problem: _Problem, blocks: list[BlockPlan], floor: int) -> str:
     )
 
 
-def _greedy(problem: _Problem, blocks: list[BlockPlan], order: Iterable[int], **change: Any) -> list[BlockPlan]:
-    """Try ``change`` on each block in ``order``; keep every trial the problem accepts (fits and is no slower)."""
+def _greedy(
+    problem: _Problem, blocks: list[BlockPlan], order: Iterable[int], *, strict: bool = False, **change: Any
+) -> list[BlockPlan]:
+    """Try ``change`` on each block in ``order``; keep every trial the problem accepts (fits and is no slower).
+
+    With ``strict`` a trial must make the step faster (for changes that cost host RAM, like a host copy).
+    """
     best = problem.step_time(blocks)
     for i in order:
         trial = [*blocks]
         trial[i] = replace(blocks[i], **change)
-        got = problem.accept(trial, best)
+        got = problem.accept(trial, best * (1 - 1e-6) if strict else best)
         if got is not None:
             blocks, best = trial, got
     return blocks

@@ -9,8 +9,10 @@ turns that record into the planner's :class:`ModelProfile`;
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +38,9 @@ def model_profile(
     state_bytes: int = 8,
     steps: int = 1,
     micro_batches: int = 1,
+    fold_on_device: bool = False,
+    staging: bool = True,
+    rest_cast_on_device: bool = False,
 ) -> ModelProfile:
     """The planner's view of the model from the groups' recorded sizes and times.
 
@@ -49,10 +54,13 @@ def model_profile(
         state_bytes: Optimizer state bytes per parameter.
         steps: Forward passes the times were summed over.
         micro_batches: Backward passes per optimizer step (gradient accumulation).
+        fold_on_device: Gradients reach the host gradient as float32 (the device folds them).
+        staging: The groups keep host gradient staging.
+        rest_cast_on_device: The parameters outside blocks are cast on the device.
     """
     dtype = blocks[0].device.dtype if blocks else torch.float32
     item = torch.empty((), dtype=dtype).element_size()
-    copy = item + (0 if dtype == torch.float32 else item)  # gradient staging (+ the compute copy)
+    copy = 0 if dtype == torch.float32 else item  # the compute-dtype host copy of a group cast on the host
     return ModelProfile(
         blocks=tuple(
             BlockProfile(g.name, g.device_bytes, g.numel, g.act_bytes, max(g.fwd_s / max(1, steps), 1e-6))
@@ -64,6 +72,9 @@ def model_profile(
         other_fwd_s=max(0.0, other_fwd_s),
         state_bytes_per_param=state_bytes,
         copy_bytes_per_param=copy,
+        staging_bytes_per_param=item if staging else 0,
+        fold_on_device=fold_on_device,
+        rest_cast_on_device=rest_cast_on_device,
         head_workspace_bytes=max(0, head_workspace_bytes),
         micro_batches=micro_batches,
     )
@@ -110,10 +121,7 @@ def _optimizer_rate(optimizer: torch.optim.Optimizer, numel: int = 1 << 20, thre
     worker's size), then its own again. The probe runs here, not on the worker: each thread
     allocates from its own malloc arena, and a probe's freed tensors there would stay in RSS.
     """
-    before = torch.get_num_threads()
-    if threads and threads != before:
-        torch.set_num_threads(threads)
-    try:
+    with _team(threads):
         p = torch.nn.Parameter(torch.zeros(numel))
         p.grad = torch.full((numel,), 1e-3)
         opt = type(optimizer)([p], **optimizer_kwargs(optimizer))
@@ -123,6 +131,16 @@ def _optimizer_rate(optimizer: torch.optim.Optimizer, numel: int = 1 << 20, thre
         for _ in range(reps):
             opt.step()
         return reps * numel / max(time.perf_counter() - t0, 1e-9)
+
+
+@contextlib.contextmanager
+def _team(threads: int) -> Iterator[None]:
+    """This thread's intra-op team has ``threads`` threads for the body (0: as it is)."""
+    before = torch.get_num_threads()
+    if threads and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
     finally:
         if threads and threads != before:
             torch.set_num_threads(before)
@@ -135,6 +153,7 @@ def measure_hardware(
     *,
     block_numel: int = 1 << 20,
     threads: int = 0,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> Hardware:
     """Rates for the plan: configured ones where given, else measured here (a fraction of a second).
 
@@ -145,6 +164,9 @@ def measure_hardware(
         block_numel: Parameters of the largest block: the optimizer probe steps a tensor that
             large (at most :data:`OPTIM_PROBE_MAX`), as the real updates do.
         threads: Intra-op threads of the thread the real updates run on (0: this thread's).
+        compute_dtype: The device's dtype: the gradient fold (staged gradient into float32) and
+            the cast (float32 master into the host copy) are timed between it and float32, over
+            a block-sized buffer with the worker's thread count, like the update.
     """
     cuda = device.type == "cuda"
     nbytes = (64 if cuda else 16) << 20
@@ -159,17 +181,31 @@ def measure_hardware(
         numel = max(1 << 16, min(block_numel, OPTIM_PROBE_MAX))
         optim = _optimizer_rate(optimizer, numel, threads)
     disk = cfg.disk_gbps * 1e9 or _DEFAULT_DISK
-    add = _grad_add_rate(torch.bfloat16 if cuda else torch.float32) if cfg.grad_accumulation > 1 else 4e9
-    return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk, grad_add=add)
+    numel = max(1 << 16, min(block_numel, PASS_PROBE_MAX))
+    add = _pass_rate("add", compute_dtype, numel, threads) if cfg.grad_accumulation > 1 else 4e9
+    fold = _pass_rate("fold", compute_dtype, numel, threads)
+    cast = _pass_rate("cast", compute_dtype, numel, threads) if compute_dtype != torch.float32 else 1e10
+    return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk, grad_add=add, fold=fold, cast=cast)
 
 
-def _grad_add_rate(staging: torch.dtype, numel: int = 1 << 23) -> float:
-    """Elements/s of folding a staged gradient into a float32 host gradient (host accumulation)."""
-    acc = torch.zeros(numel)
-    src = torch.ones(numel, dtype=staging)
-    acc.add_(src)
-    reps = 3
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        acc.add_(src)
-    return reps * numel / max(time.perf_counter() - t0, 1e-9)
+#: Elements of the fold/add/cast probes, at most (a block of the 7B shape has 202M).
+PASS_PROBE_MAX = 1 << 24
+
+
+def _pass_rate(kind: str, dtype: torch.dtype, numel: int, threads: int = 0) -> float:
+    """Elements/s of one pass the CPU worker makes between ``dtype`` and float32.
+
+    ``add``: a staged gradient added into the float32 gradient (host accumulation); ``fold``:
+    copied into it (the first micro-batch); ``cast``: a float32 master cast into the host copy.
+    With ``threads``, this thread's intra-op team has that size while the probe runs.
+    """
+    with _team(threads):
+        wide, narrow = torch.ones(numel), torch.ones(numel, dtype=dtype)
+        dst, src = (narrow, wide) if kind == "cast" else (wide, narrow)
+        op = dst.add_ if kind == "add" else dst.copy_
+        op(src)
+        reps = 3
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            op(src)
+        return reps * numel / max(time.perf_counter() - t0, 1e-9)

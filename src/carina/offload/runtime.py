@@ -29,8 +29,15 @@ from torch import nn
 from carina.memory.store import TensorStore
 from carina.memory.tiers import Tier
 from carina.offload.activations import ActivationManager
-from carina.offload.blocks import ParamGroup, build_groups, partition, release_device, restore_device
-from carina.offload.config import OffloadConfig
+from carina.offload.blocks import (
+    HostLayout,
+    ParamGroup,
+    build_groups,
+    partition,
+    release_device,
+    restore_device,
+)
+from carina.offload.config import ConvertOn, OffloadConfig
 from carina.offload.gradients import GradientPath
 from carina.offload.simulator import Action
 from carina.offload.timing import StepTimer
@@ -70,7 +77,13 @@ class OffloadRuntime(GradientPath):
         self.timer = StepTimer(self.device) if cfg.step_timing else None
         self.optim_threads = optimizer_threads(cfg, self.device)
         self.worker = optimizer_worker(self.optim_threads)
-        self.groups, self.pinned_bytes = build_groups(partition(model, blocks), store, compute_dtype)
+        self.fold_on_device = cfg.grad_fold is not ConvertOn.HOST
+        layout = HostLayout(
+            staging=not self.fold_on_device or cfg.grad_accumulation > 1,
+            host_copy=cfg.param_cast is ConvertOn.HOST,
+        )
+        self.groups, self.host = build_groups(partition(model, blocks), store, compute_dtype, layout)
+        self.fixed_device_bytes = self._cast_buffer()
         self.blocks = self.groups[:-1]
         self.rest = self.groups[-1]
         self.owner = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
@@ -90,9 +103,23 @@ class OffloadRuntime(GradientPath):
         self._entered: set[int] = set()
         self._t0 = 0.0
         self._fwd_wait = 0.0  # this forward's time making blocks' weights resident (not compute)
-        self.step_group: Any = None  # set by the optimizer: fn(group) updating masters in place
+        self.step_group: Any = None  # set by the optimizer: fn(group, options) updating masters in place
+        self.snapshot: Any = None  # set by the optimizer: fn(group) -> hyperparameters for a later update
         self._handles: list[Any] = []
         self._install(model)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host bytes held by the groups' slabs."""
+        return self.host.pinned_bytes
+
+    def _cast_buffer(self) -> int:
+        """Make the device buffer that float32 masters pass through when cast on the device; its bytes."""
+        if not any(g.host_copy is None for g in self.groups) or not self.mover.cuda:
+            return 0
+        buf = self.store.empty((self.mover.CAST_CHUNK,), torch.float32, Tier.DEVICE, "cast-on-device buffer")
+        self.mover.cast_buffer = buf
+        return int(buf.numel() * buf.element_size())
 
     # -- hooks -----------------------------------------------------------------------------
     def _install(self, model: nn.Module) -> None:
@@ -157,7 +184,7 @@ class OffloadRuntime(GradientPath):
             with self.phase("h2d_wait"):
                 self.ensure(self.blocks[i])
                 for j in range(i + 1, min(len(self.blocks), i + 1 + self.cfg.prefetch_depth)):
-                    self.prefetch(self.blocks[j])
+                    self.prefetch(self.blocks[j], wait=False)
             self._sync_if_profiling()  # the weights are in: the block's time is its compute (the plan adds transfers)
             t1 = time.perf_counter()
             self._fwd_wait += t1 - t0
@@ -217,16 +244,24 @@ class OffloadRuntime(GradientPath):
             fut.result()
         g.pending.clear()
         g.updates.clear()
+        g.detached = False
 
     def wait_params(self, g: ParamGroup) -> None:
         """Block until queued updates of ``g``'s master weights are done (gradient adds may go on)."""
         for fut in g.updates:
             fut.result()
         g.updates.clear()
+        g.detached = False
 
-    def prefetch(self, g: ParamGroup) -> None:
-        """Start copying ``g``'s (updated) parameters to the device, if they are not there."""
+    def prefetch(self, g: ParamGroup, wait: bool = True) -> None:
+        """Start copying ``g``'s (updated) parameters to the device, if they are not there.
+
+        With ``wait=False`` (a look-ahead) nothing happens while ``g``'s update is still running:
+        the block's own fetch waits for it instead of holding up the compute issued before.
+        """
         if g.updates:
+            if not wait and not all(f.done() for f in g.updates):
+                return
             with self.phase("optim_wait"):
                 self.wait_params(g)
         if g.on_device and not g.stale:
@@ -234,8 +269,9 @@ class OffloadRuntime(GradientPath):
         restore_device(g, self.store)
         self._register_storage(g)
         g.stale = False
-        g.fetch_event = self.mover.to_device(g.device, g.host_copy)
-        self.store.note_move(Tier.HOST, Tier.DEVICE, g.device_bytes)
+        feed = g.feed
+        g.fetch_event = self.mover.to_device(g.device, feed)
+        self.store.note_move(Tier.HOST, Tier.DEVICE, feed.numel() * feed.element_size())
 
     def ensure(self, g: ParamGroup) -> None:
         """Make ``g``'s parameters usable by the next compute-stream work."""
@@ -255,17 +291,21 @@ class OffloadRuntime(GradientPath):
         with self.phase("h2d_wait"):
             self.ensure(self.blocks[i])
             for j in range(max(0, i - self.cfg.prefetch_depth), i):
-                self.prefetch(self.blocks[j])
+                self.prefetch(self.blocks[j], wait=False)
             if i > 0 and not self.profiling:
                 self.acts.prefetch(i - 1)
         if self.timer is not None:
             self.timer.switch("backward")
 
     # -- step boundary -----------------------------------------------------------------------
-    def drain(self) -> None:
-        """Wait for every queued CPU task; free blocks and activations a backward left behind."""
+    def drain(self, keep_detached: bool = False) -> None:
+        """Wait for queued CPU tasks; free blocks and activations a backward left behind.
+
+        ``keep_detached``: leave blocks' detached updates running (each block's next use waits).
+        """
         for g in self.groups:
-            self.wait_updates(g)
+            if not (keep_detached and g.detached):
+                self.wait_updates(g)
             if g.grads_seen:  # some parameters got no gradient this backward
                 self._grads_done(g)
                 self.wait_updates(g)
@@ -283,9 +323,14 @@ class OffloadRuntime(GradientPath):
         self.fwd_total = 0.0
         self.fwd_count = 0
 
-    def apply(self, actions: list[Action], resident: list[bool], grad_on_device: list[bool]) -> None:
-        """Switch to a plan's per-block activation actions, residency and gradient accumulators."""
+    def apply(
+        self, actions: list[Action], resident: list[bool], grad_on_device: list[bool], cast_on_host: list[bool]
+    ) -> None:
+        """Switch to a plan's per-block activation actions, residency, gradient accumulators and casts."""
         self.actions = list(actions)
+        for g, on_host in zip(self.blocks, cast_on_host, strict=True):
+            if on_host:
+                self.host.add_host_copy(g)  # a no-op where it exists (fp32: the master)
         for g, keep in zip(self.blocks, resident, strict=True):
             g.resident = keep
             if not keep and g.on_device and g.index < len(self.blocks) - 1:

@@ -11,6 +11,7 @@ during backward or at ``step()``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -95,9 +96,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._charged: set[int] = set()
         self.spill: set[int] = set()  # blocks whose optimizer state lives on NVMe between updates
         self._spilled: dict[int, list[tuple[Any, str, tuple[int, ...], torch.dtype]]] = {}
+        self._spill_buf: torch.Tensor | None = None  # the state of the spilled block being updated
         self.flat_updates = True  # fused optimizers step each block as one flat tensor (FlatStep)
         self._flat: dict[int, FlatStep | None] = {}
         runtime.step_group = self.step_group
+        runtime.snapshot = self.snapshot
 
     def _share(self) -> None:
         self.param_groups = self.inner.param_groups
@@ -108,13 +111,26 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for i, mp in enumerate(g.masters):
             mp.grad = g.grad[g.slot(i)].view(mp.shape)
 
-    def step_group(self, g: ParamGroup) -> None:
-        """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time)."""
+    def snapshot(self, g: ParamGroup) -> dict[str, Any] | None:
+        """``g``'s hyperparameters now, for an update that may run after ``step()`` returned (else None).
+
+        Only blocks stepped by one flat call can: their private optimizer takes the copy, so an LR
+        scheduler stepped meanwhile changes nothing. The others are waited for at ``step()``.
+        """
+        flat = self._flat_step(g)
+        return flat.hyperparameters() if flat is not None else None
+
+    def step_group(self, g: ParamGroup, options: dict[str, Any] | None = None) -> None:
+        """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time).
+
+        ``options``: the hyperparameters to use (a :meth:`snapshot`); None: the param group's now.
+        """
+        t_in = time.perf_counter()
         self._unspill(g)
         flat = self._flat_step(g)
         t0 = time.perf_counter()
         if flat is not None:
-            flat.step()
+            flat.step(options)
         else:
             self._attach_grads(g)
             try:
@@ -123,15 +139,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 for mp in g.masters:
                     mp.grad = None
         t1 = time.perf_counter()
-        if g.host_copy is not g.master:
-            g.host_copy.copy_(g.master)
+        g.refresh_copy()  # the cast into the compute-dtype host copy (none when the device casts)
         timer = self.rt.timer
         if timer is not None:
             timer.add("optim_update_s", t1 - t0)
             timer.add("optim_cast_s", time.perf_counter() - t1)
             timer.add("optim_params", g.numel)
         g.stale = True
-        g.stepped = True
         if g.index not in self._charged:
             self._charged.add(g.index)
             nbytes = sum(
@@ -142,7 +156,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             )
             self.rt.store.charge(Tier.HOST, nbytes, f"{g.name} optimizer state")
         if g.index in self.spill:
+            t_out = time.perf_counter()
             self._spill(g)
+            if timer is not None:  # reading the state back before the update and writing it after
+                timer.add("optim_disk_s", t0 - t_in + time.perf_counter() - t_out)
 
     def _flat_step(self, g: ParamGroup) -> FlatStep | None:
         """The block's one-kernel update (:mod:`carina.offload.flatstep`), where it applies."""
@@ -162,6 +179,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for name, t in list(state.items()):
                 if isinstance(t, torch.Tensor) and t.numel() > 1:
                     store.put(f"state/{g.index}/{k}/{name}", t, Tier.NVME)
+                    store.note_move(Tier.HOST, Tier.NVME, t.numel() * t.element_size())
                     if uncharge:
                         store.uncharge(Tier.HOST, t.numel() * t.element_size())
                     shapes.append((mp, name, tuple(t.shape), t.dtype))
@@ -175,13 +193,31 @@ class OffloadOptimizer(torch.optim.Optimizer):
             return
         store = self.rt.store
         index = {id(mp): k for k, mp in enumerate(g.masters)}
-        for mp, name, shape, dtype in shapes:
+        views = self._state_views([(shape, dtype) for _, _, shape, dtype in shapes])
+        for (mp, name, _, _), t in zip(shapes, views, strict=True):
             key = f"state/{g.index}/{index[id(mp)]}/{name}"
-            t = torch.empty(shape, dtype=dtype)
             store.charge(Tier.HOST, t.numel() * t.element_size(), f"{g.name} optimizer state (from NVMe)")
             store.read_into(key, t)
             store.drop(key)
             self.inner.state[mp][name] = t
+
+    def _state_views(self, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+        """Tensors for one spilled block's state, carved 4 KiB-aligned from one buffer every spilled block reuses.
+
+        Only one spilled block's state is in RAM at a time (read before its update, written after it on
+        the same thread), as the plan counts it; reusing the buffer spares a fresh allocation, and its
+        page faults, per block and step, and aligned views let the NVMe reads go straight in (O_DIRECT).
+        """
+        sizes = [-(-math.prod(shape) * torch.empty((), dtype=dt).element_size() // 4096) * 4096 for shape, dt in shapes]
+        if self._spill_buf is None or self._spill_buf.numel() < sum(sizes) + 4096:
+            self._spill_buf = torch.empty(sum(sizes) + 4096, dtype=torch.uint8)
+        off = -self._spill_buf.data_ptr() % 4096
+        views = []
+        for (shape, dt), size in zip(shapes, sizes, strict=True):
+            nbytes = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+            views.append(self._spill_buf[off : off + nbytes].view(dt).view(shape))
+            off += size
+        return views
 
     def _clip(self, groups: list[ParamGroup]) -> None:
         assert self.cfg.max_grad_norm is not None
@@ -202,19 +238,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         rt = self.rt
         if rt.timer is not None:
             rt.timer.switch("step")
-        rt.drain()
+        rt.drain(keep_detached=True)  # blocks' updates queued in backward may go on into the next forward
         new_plan = None
         if rt.profiling and self.steps + 1 >= self.cfg.profile_steps:
             new_plan = self.make_plan()
         elif rt.profiling and self.steps == 0:
             self.make_plan()  # activation sizes are known now: raises CapacityError before any update
-        todo = [g for g in rt.groups if g.has_grad and not g.stepped]
+        todo = [g for g in rt.groups if g.has_grad and not g.queued]
         if self.cfg.max_grad_norm is not None and todo:
             self._clip(todo)
         for g in todo:
             self.step_group(g)
         for g in rt.groups:
-            g.stepped = False
+            g.queued = False
             g.has_grad = False
         rt.micro = 0
         self.steps += 1
@@ -225,15 +261,26 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 [b.activation for b in new_plan.blocks],
                 [b.resident for b in new_plan.blocks],
                 [b.grad_on_device for b in new_plan.blocks],
+                [not b.cast_on_device for b in new_plan.blocks],
             )
         if rt.timer is not None:
             rt.timer.end_step()
         return loss
 
+    def synchronize(self) -> None:
+        """Wait until every queued update is done (``step()`` may return before the last blocks' are).
+
+        ``model.state_dict()``, ``state_dict()`` and each block's next use wait on their own; call this
+        before reading the masters in another way (``optimizer.masters``, the param groups' tensors).
+        """
+        for g in self.rt.groups:
+            self.rt.wait_updates(g)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget accumulated gradients (``step()`` already consumes them)."""
         for g in self.rt.groups:
-            self.rt.wait_updates(g)
+            if not g.detached:  # (a detached update consumes this step's gradient and touches nothing else)
+                self.rt.wait_updates(g)
             g.has_grad = False
         self.rt.discard_accumulators()
 
@@ -244,7 +291,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self.hardware is None:
             largest = max((g.numel for g in rt.blocks), default=1 << 20)
             self.hardware = measure_hardware(
-                rt.device, self.cfg, self.inner, block_numel=largest, threads=rt.optim_threads
+                rt.device,
+                self.cfg,
+                self.inner,
+                block_numel=largest,
+                threads=rt.optim_threads,
+                compute_dtype=rt.rest.device.dtype,
             )
         count = max(1, rt.fwd_count)
         prof = model_profile(
@@ -255,16 +307,24 @@ class OffloadOptimizer(torch.optim.Optimizer):
             state_bytes=self.state_bytes,
             steps=count,
             micro_batches=self.cfg.grad_accumulation if self.cfg.accumulate_on_device else 1,
+            fold_on_device=rt.fold_on_device,
+            staging=any(g.staging is not None for g in rt.groups),
+            rest_cast_on_device=rt.rest.host_copy is None,
         )
         prof = replace(prof, head_workspace_bytes=rt.head.workspace(self._profiled_head(prof)))
         self.profile = prof
+        budgets = self.budgets
+        if budgets.device is not None:  # the cast-on-device buffer is carina's, outside the plan
+            budgets = replace(budgets, device=budgets.device - rt.fixed_device_bytes)
         plan = make_plan(
             prof,
-            self.budgets,
+            budgets,
             self.hardware,
             policy=self.cfg.activations.value,
             prefetch_depth=self.cfg.prefetch_depth,
             overlap=self._will_overlap(),
+            cast=self.cfg.param_cast.value,
+            carry=not self.cfg.step_barrier,
         )
         self.plan = plan
         self.spill = {i for i, b in enumerate(plan.blocks) if b.state_on_nvme}

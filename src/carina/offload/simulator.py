@@ -4,16 +4,17 @@
 per-block decisions (:class:`BlockPlan`): a compute stream runs forward,
 head and backward events; one link each way carries parameter prefetches,
 swapped activations and gradients; a CPU optimizer worker updates each block
-once its gradients have arrived (during backward when ``overlap``). Each
+once its gradients have arrived (during backward when ``overlap``). The worker's
+time is every pass it makes over host memory: folding staged gradients into the
+float32 gradient (unless the device folds them), adding micro-batches, the
+update, and the cast into the compute-dtype host copy (unless the device casts);
+each at its measured rate, reported apart in :class:`StepTime`. Each
 event records the device bytes live during it and when its block's
 parameters became ready, so tests can check that a plan never exceeds its
 budget and never computes with parameters before their prefetch completed.
 """
 
 from __future__ import annotations
-
-import enum
-from dataclasses import dataclass
 
 __all__ = [
     "Action",
@@ -28,110 +29,17 @@ __all__ = [
     "simulate",
 ]
 
-#: Float32 copies of the logits live at once, beyond the saved ones, while a causal LM's loss runs
-#: backward: the upcast (or the held logits), the loss gradient and the log-softmax gradient.
-LOGITS_FP32_COPIES = 3
-
-
-def logits_workspace_bytes(numel: int) -> int:
-    """Transient head/loss bytes for ``numel`` logits when no allocator peak is measured."""
-    return LOGITS_FP32_COPIES * 4 * numel
-
-
-class Action(enum.Enum):
-    """What a block's saved activations do between forward and backward."""
-
-    KEEP = "keep"
-    SWAP = "swap"
-    RECOMPUTE = "recompute"
-
-
-@dataclass(frozen=True)
-class BlockProfile:
-    """One repeated block as profiled: device bytes, parameters, activations, time."""
-
-    name: str
-    param_bytes: int
-    numel: int
-    act_bytes: int
-    fwd_s: float
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """The profiled model: its blocks and the parameters/activations outside them.
-
-    ``other_act_bytes`` are tensors saved for backward outside the blocks (live from
-    forward to backward); ``head_workspace_bytes`` are transient bytes the output
-    layer and the loss allocate without saving them (logits, their float32 upcast,
-    the loss gradients), live only while the head runs.
-    """
-
-    blocks: tuple[BlockProfile, ...]
-    resident_param_bytes: int
-    resident_numel: int
-    other_act_bytes: int
-    other_fwd_s: float
-    state_bytes_per_param: int = 8  # AdamW m and v in float32
-    copy_bytes_per_param: int = 0  # host gradient staging + compute copy, in the compute dtype
-    bwd_over_fwd: float = 2.0
-    head_workspace_bytes: int = 0
-    micro_batches: int = 1  # backward passes per optimizer step (gradient accumulation)
-
-    @property
-    def numel(self) -> int:
-        """All trainable parameters."""
-        return self.resident_numel + sum(b.numel for b in self.blocks)
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """Measured rates: bytes/s each way over PCIe, parameters/s of the CPU optimizer, disk bytes/s.
-
-    ``grad_add`` is the CPU's rate (elements/s) of folding one micro-batch's staged
-    gradient into the float32 host gradient (gradient accumulation on the host).
-    """
-
-    h2d: float
-    d2h: float
-    optim: float
-    disk: float
-    grad_add: float = 4e9
-
-
-@dataclass(frozen=True)
-class BlockPlan:
-    """The decisions for one block."""
-
-    resident: bool = False
-    activation: Action = Action.RECOMPUTE
-    state_on_nvme: bool = False
-    grad_on_device: bool = False  # accumulate gradients over micro-batches in a float32 device buffer
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """Predicted seconds per step, split by resource, and the bottleneck."""
-
-    compute: float
-    h2d: float
-    d2h: float
-    cpu_optimizer: float
-    disk: float
-    predicted: float
-    bottleneck: str
-
-
-@dataclass(frozen=True)
-class SimEvent:
-    """One compute event of the simulated step and the device bytes live during it."""
-
-    kind: str  # "fwd" | "head" | "bwd"
-    block: int
-    device_bytes: int
-    start: float
-    end: float
-    ready: float  # when this block's parameters were on the device
+from carina.offload.stepmodel import (
+    Action,
+    BlockPlan,
+    BlockProfile,
+    Hardware,
+    ModelProfile,
+    SimEvent,
+    StepTime,
+    host_bytes,
+    logits_workspace_bytes,
+)
 
 
 def _window(i: int, n: int, depth: int, forward: bool) -> range:
@@ -154,9 +62,17 @@ def _acts_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], upto: int, for
     return kept + current
 
 
-def _grads_live(prof: ModelProfile, i: int) -> int:
+def _item(param_bytes: int, numel: int) -> int:
+    """Bytes per element of the compute dtype."""
+    return max(1, param_bytes // max(1, numel))
+
+
+def _grads_live(prof: ModelProfile, i: int, accumulated: bool) -> int:
     nxt = prof.blocks[i + 1].param_bytes if i + 1 < len(prof.blocks) else prof.resident_param_bytes
-    return prof.blocks[i].param_bytes + nxt  # this block's grads + the previous one's, still draining
+    live = prof.blocks[i].param_bytes + nxt  # this block's grads + the previous one's, still draining
+    item = _item(prof.blocks[i].param_bytes, prof.blocks[i].numel)
+    wide = prof.fold_on_device and not accumulated  # folded on the device: float32 copies drain
+    return live * 4 // item if wide else live
 
 
 class _Timeline:
@@ -169,8 +85,14 @@ class _Timeline:
     the per-micro-batch copy, and ship their float32 sum once.
     """
 
-    def __init__(self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool):
+    def __init__(
+        self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool
+    ):
         self.blocks, self.prof, self.hw, self.depth, self.overlap = blocks, prof, hw, depth, overlap
+        self.carry = carry and overlap  # updates in next-use order, running on into the next step's forward
+        self.tasks: list[tuple[float, float, int]] = []  # (gradients ready, seconds, group) of the final updates
+        self.update_end = [0.0] * (len(blocks) + 1)  # when each group's last update ended
+        self.gated = False  # this forward waits for the previous step's updates, block by block
         self.now = self.h2d = self.d2h = self.optim = 0.0
         self.ready = [0.0 if p.resident else -1.0 for p in blocks]
         self.totals = dict.fromkeys(("compute", "h2d", "d2h", "cpu_optimizer", "disk"), 0.0)
@@ -179,11 +101,19 @@ class _Timeline:
         self.staging_free = [0.0] * (len(blocks) + 1)  # when each group's host staging buffer is free again
         self.acc = sum(4 * b.numel for b, p in zip(prof.blocks, blocks, strict=True) if p.grad_on_device)
         self.final = True
+        self.first = True
+        self.cpu_terms = dict.fromkeys(("cpu_update", "cpu_fold", "cpu_cast"), 0.0)
 
     def fetch_window(self, i: int, forward: bool) -> None:
         for j in _window(i, len(self.blocks), self.depth, forward):
+            if self.ready[j] < 0 and self.gated and self.update_end[j] > self.now:
+                if j != i:
+                    continue  # a look-ahead does not wait for an update; the block's own fetch does
+                self.now = self.update_end[j]  # the host blocks until the update is done
             if self.ready[j] < 0:
-                dt = self.prof.blocks[j].param_bytes / self.hw.h2d
+                b = self.prof.blocks[j]
+                wide = self.blocks[j].cast_on_device  # the float32 master crosses, the device casts
+                dt = (4 * b.numel if wide else b.param_bytes) / self.hw.h2d
                 self.h2d = max(self.h2d, self.now) + dt
                 self.totals["h2d"] += dt
                 self.ready[j] = self.h2d
@@ -210,22 +140,51 @@ class _Timeline:
         self.optim = max(self.optim, ready) + seconds
         return self.optim
 
-    def gradients(self, k: int, numel: int, nbytes: int, on_device: bool, extra: float = 0.0) -> None:
-        """Group ``k``'s gradients are final for this micro-batch: copy/add them, or update at the end."""
+    def gradients(
+        self, k: int, numel: int, nbytes: int, on_device: bool, extra: float = 0.0, cast: bool = False
+    ) -> None:
+        """Group ``k``'s gradients are final for this micro-batch: fold/add them, or update at the end.
+
+        ``cast``: the update is followed by the cast into the compute-dtype host copy.
+        """
         if on_device and not self.final:
             return  # added into the device accumulator on the compute stream
-        ready = self.send_d2h(numel * 4 if on_device else nbytes)
+        direct = on_device or (self.first and self.prof.fold_on_device)  # float32 lands in the host gradient
+        ready = self.send_d2h(numel * 4 if direct else nbytes)
+        fold = 0.0 if direct else numel / (self.hw.fold if self.first else self.hw.grad_add)
+        self.cpu_terms["cpu_fold"] += fold
         if self.final:
-            add = 0.0 if on_device or self.prof.micro_batches == 1 else numel / self.hw.grad_add
-            self.cpu(ready, add + numel / self.hw.optim + extra, update=True)
+            update, cast_s = numel / self.hw.optim, numel / self.hw.cast if cast else 0.0
+            self.cpu_terms["cpu_update"] += update
+            self.cpu_terms["cpu_cast"] += cast_s
+            if self.carry:
+                self.totals["cpu_optimizer"] += fold + update + cast_s + extra
+                self.tasks.append((ready, fold + update + cast_s + extra, k))
+            else:
+                self.update_end[k] = self.cpu(ready, fold + update + cast_s + extra, update=True)
             self.totals["disk"] += extra
             self.totals["cpu_optimizer"] -= extra
-        else:
-            self.staging_free[k] = self.cpu(ready, numel / self.hw.grad_add, update=False)
+        elif not direct:
+            self.staging_free[k] = self.cpu(ready, fold, update=False)
+
+    def refresh_rest(self) -> None:
+        """The updated parameters outside blocks go to the device before the first forward (it waits)."""
+        prof = self.prof
+        wide = prof.rest_cast_on_device and prof.copy_bytes_per_param > 0
+        dt = (4 * prof.resident_numel if wide else prof.resident_param_bytes) / self.hw.h2d
+        if self.gated:
+            self.now = max(self.now, self.update_end[len(self.blocks)])
+        self.h2d = max(self.h2d, self.now) + dt
+        self.totals["h2d"] += dt
+        self.now = max(self.now, self.h2d)
 
     def forward(self) -> None:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
-        self.ready = [r if p.resident else -1.0 for r, p in zip(self.ready, blocks, strict=True)]
+        if self.first:  # the step's first forward: updated weights go to the device, resident blocks' too
+            self.ready = [-1.0] * n
+            self.refresh_rest()
+        else:
+            self.ready = [r if p.resident else -1.0 for r, p in zip(self.ready, blocks, strict=True)]
         for i in range(n):
             self.fetch_window(i, True)
             live = _params_live(prof, blocks, _window(i, n, self.depth, True)) + _acts_live(prof, blocks, i, True)
@@ -241,7 +200,8 @@ class _Timeline:
             live += prof.blocks[-1].param_bytes  # the last block stays on the device for backward
         live += prof.head_workspace_bytes
         self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live, self.staging_free[n])
-        self.gradients(n, prof.resident_numel, prof.resident_param_bytes, False)
+        cast = prof.copy_bytes_per_param > 0 and not prof.rest_cast_on_device
+        self.gradients(n, prof.resident_numel, prof.resident_param_bytes, False, cast=cast)
 
     def backward(self) -> None:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
@@ -259,7 +219,7 @@ class _Timeline:
                 _params_live(prof, blocks, _window(i, n, self.depth, False))
                 + _acts_live(prof, blocks, i, False)
                 + prof.other_act_bytes
-                + _grads_live(prof, i)
+                + _grads_live(prof, i, blocks[i].grad_on_device)
             )
             staged = 0.0 if blocks[i].grad_on_device else self.staging_free[i] - dur  # the grad hook waits
             self.run("bwd", i, dur, live, max(act_ready, staged))
@@ -267,14 +227,29 @@ class _Timeline:
                 2 * prof.blocks[i].numel * prof.state_bytes_per_param / self.hw.disk if blocks[i].state_on_nvme else 0.0
             )
             b = prof.blocks[i]
-            self.gradients(i, b.numel, b.param_bytes, blocks[i].grad_on_device, disk)
+            cast = prof.copy_bytes_per_param > 0 and not blocks[i].cast_on_device
+            self.gradients(i, b.numel, b.param_bytes, blocks[i].grad_on_device, disk, cast)
+
+    def schedule(self) -> None:
+        """Run the final updates on the worker in next-use order (the parameters outside blocks first)."""
+        n, t, tasks = len(self.blocks), self.optim, sorted(self.tasks)
+        while tasks:
+            ready = [x for x in tasks if x[0] <= t] or [tasks[0]]
+            pick = min(ready, key=lambda x: -1 if x[2] == n else x[2])
+            tasks.remove(pick)
+            t = max(t, pick[0]) + pick[1]
+            self.update_end[pick[2]] = t
+        self.optim, self.tasks = t, []
 
     def step(self) -> float:
         """Play every micro-batch of the step; returns when the last update ends."""
         for m in range(self.prof.micro_batches):
             self.final = m == self.prof.micro_batches - 1
+            self.first = m == 0
             self.forward()
+            self.gated = False
             self.backward()
+        self.schedule()
         end = max(self.now, self.d2h)
         for ready, seconds in self.deferred:
             end = max(end, ready) + seconds
@@ -282,9 +257,19 @@ class _Timeline:
 
 
 def simulate(
-    blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool = True
+    blocks: tuple[BlockPlan, ...],
+    prof: ModelProfile,
+    hw: Hardware,
+    depth: int,
+    overlap: bool = True,
+    carry: bool = False,
 ) -> tuple[list[SimEvent], StepTime]:
     """Replay one step of ``prof`` under ``blocks``.
+
+    With ``carry`` (and ``overlap``) the worker updates blocks in next-use order and
+    ``optimizer.step()`` does not wait for them: the next step's forward fetches each block
+    once its update is done. The step is then played twice and the prediction is the second
+    one's length in steady state (its events and totals are the second step's).
 
     Args:
         blocks: One decision per profiled block.
@@ -292,28 +277,18 @@ def simulate(
         hw: Rates of the links and the CPU optimizer.
         depth: Prefetch depth in blocks.
         overlap: Whether the optimizer updates blocks during backward.
+        carry: Whether those updates may run on into the next step (see above).
 
     Returns:
         The compute events (live device bytes, times) and the predicted step time.
     """
-    tl = _Timeline(blocks, prof, hw, depth, overlap)
+    tl = _Timeline(blocks, prof, hw, depth, overlap, carry)
     step = tl.step()
+    if tl.carry:
+        tl.events, tl.gated = [], True
+        tl.totals = dict.fromkeys(tl.totals, 0.0)
+        tl.cpu_terms = dict.fromkeys(tl.cpu_terms, 0.0)
+        end = max(step, tl.now)
+        step = tl.step() - end
     bottleneck = max(tl.totals, key=lambda k: tl.totals[k])
-    return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck)
-
-
-def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, int]:
-    """Host and NVMe bytes a plan needs (masters, gradients, copies, states, swapped activations)."""
-    per_param = 4 + 4 + prof.copy_bytes_per_param  # master, gradient, compute copy
-    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param
-    nvme = staged = 0
-    for b, p in zip(prof.blocks, blocks, strict=True):
-        state = b.numel * prof.state_bytes_per_param
-        if p.state_on_nvme:
-            nvme += state
-            staged = max(staged, state)  # one spilled block's state is in RAM during its update
-        else:
-            host += state
-        if p.activation is Action.SWAP:
-            host += b.act_bytes
-    return host + staged, nvme
+    return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck, **tl.cpu_terms)

@@ -11,7 +11,8 @@ phases add up to the step as the device saw it: a wait phase holds the time the
 compute stream stalled (or the host blocked before issuing more work) inside it.
 
 The CPU optimizer's own work (waiting for gradient copies, folding gradients into
-the float32 gradient, the update, the copy into the compute dtype) is timed with
+the float32 gradient, the update, the cast into the compute-dtype host copy, and for
+blocks whose state spills, reading and writing it on NVMe) is timed with
 host timers on whichever thread runs it, so its in-process rate can be compared
 with the same kernel measured alone.
 

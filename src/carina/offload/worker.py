@@ -1,7 +1,11 @@
-"""The CPU optimizer's worker thread and the size of its intra-op thread team.
+"""The CPU optimizer's worker thread, the order it takes its tasks in, and its intra-op thread team.
 
 The worker runs the gradient folds and block updates (Ratel's active gradient offloading)
-beside the thread that runs carina's hooks and issues device work. PyTorch's CPU kernels
+beside the thread that runs carina's hooks and issues device work. It takes the queued task
+with the lowest priority first (ties in submission order): the runtime gives folds that free
+staging buffers priority -2, the parameters outside blocks -1 and a block its index, so the
+block the next forward needs first is updated first (backward hands them over last-first).
+PyTorch's CPU kernels
 split each tensor evenly over the calling thread's OpenMP team, so a team with as many
 threads as cores, next to one more busy thread, waits at every kernel's end for the thread
 that lost its core; with a CUDA device the worker therefore takes one thread fewer.
@@ -10,12 +14,62 @@ that lost its core; with a CUDA device the worker therefore takes one thread few
 from __future__ import annotations
 
 import concurrent.futures as cf
+import heapq
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from carina.offload.config import OffloadConfig
 
-__all__ = ["optimizer_threads", "optimizer_worker"]
+__all__ = ["PriorityWorker", "optimizer_threads", "optimizer_worker"]
+
+
+class PriorityWorker:
+    """One thread running submitted callables, lowest priority first, FIFO within a priority."""
+
+    def __init__(self, name: str = "carina-optim") -> None:
+        self._queue: list[tuple[int, int, cf.Future[Any], Callable[..., Any], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, priority: int = 0) -> cf.Future[Any]:
+        """Queue ``fn(*args)``; its future."""
+        fut: cf.Future[Any] = cf.Future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the CPU optimizer worker is shut down")
+            heapq.heappush(self._queue, (priority, next(self._seq), fut, fn, args))
+            self._cv.notify()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                _, _, fut, fn, args = heapq.heappop(self._queue)
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001  (handed to whoever waits on the future)
+                fut.set_exception(exc)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Run what is queued, then stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if wait:
+            self._thread.join()
 
 
 def optimizer_threads(cfg: OffloadConfig, device: torch.device) -> int:
@@ -26,7 +80,7 @@ def optimizer_threads(cfg: OffloadConfig, device: torch.device) -> int:
     return max(1, n - 1) if device.type == "cuda" else n
 
 
-def optimizer_worker(threads: int) -> cf.ThreadPoolExecutor:
+def optimizer_worker(threads: int) -> PriorityWorker:
     """The CPU optimizer's thread, its intra-op thread count set to ``threads``.
 
     ``torch.set_num_threads`` sets the calling thread's OpenMP team size and a process-wide
@@ -34,7 +88,7 @@ def optimizer_worker(threads: int) -> cf.ThreadPoolExecutor:
     the default first, then takes its own size, and the default is put back at once, so only
     the worker's team changes.
     """
-    worker = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-optim")
+    worker = PriorityWorker()
     before = torch.get_num_threads()
     if threads != before:
         got = worker.submit(_own_team, threads).result()

@@ -52,11 +52,14 @@ class PSBackend(OffloadOptimizer):
         self._puller = cf.ThreadPoolExecutor(1, thread_name_prefix="carina-ps-pull")
         self.pull()
 
-    def step_group(self, g: ParamGroup) -> None:
+    def snapshot(self, g: ParamGroup) -> None:
+        """None: ``step()`` waits for every gradient copy (the PS is told the step is posted after it)."""
+        return None
+
+    def step_group(self, g: ParamGroup, options: Any = None) -> None:
         """``g``'s gradient is final: copy it into this worker's PS slots (runs on the runtime's CPU thread)."""
         for sl, name in self._routes[g.index]:
             self.link.grads[name].view(-1).copy_(g.grad[sl])
-        g.stepped = True
 
     def step(self, closure: Any = None) -> Any:
         """Finish backward (plan after profiling), hand the gradients to the PS, queue the pulls."""
@@ -86,7 +89,7 @@ class PSBackend(OffloadOptimizer):
 
         with torch.no_grad():
             for sl, name in self._routes[g.index]:
-                g.host_copy[sl].copy_(self.link.published[name].view(-1))
+                g.feed[sl].copy_(self.link.published[name].view(-1))
         g.stale = True
 
     def pull(self) -> None:

@@ -1,0 +1,166 @@
+"""What the planner reasons about: profiled sizes and times, measured rates, decisions, predictions.
+
+:class:`ModelProfile` (per block: parameter bytes, saved activation bytes, forward
+time), :class:`Hardware` (link bandwidths and the CPU worker's rates), the per-block
+:class:`BlockPlan`, the predicted :class:`StepTime`, the simulated :class:`SimEvent`
+and :func:`host_bytes`, the host and NVMe bytes a plan needs. The timeline that
+plays a step is :mod:`carina.offload.simulator`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "Action",
+    "BlockPlan",
+    "BlockProfile",
+    "Hardware",
+    "ModelProfile",
+    "SimEvent",
+    "StepTime",
+    "host_bytes",
+    "logits_workspace_bytes",
+]
+
+#: Float32 copies of the logits live at once, beyond the saved ones, while a causal LM's loss runs
+#: backward: the upcast (or the held logits), the loss gradient and the log-softmax gradient.
+LOGITS_FP32_COPIES = 3
+
+
+def logits_workspace_bytes(numel: int) -> int:
+    """Transient head/loss bytes for ``numel`` logits when no allocator peak is measured."""
+    return LOGITS_FP32_COPIES * 4 * numel
+
+
+class Action(enum.Enum):
+    """What a block's saved activations do between forward and backward."""
+
+    KEEP = "keep"
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+@dataclass(frozen=True)
+class BlockProfile:
+    """One repeated block as profiled: device bytes, parameters, activations, time."""
+
+    name: str
+    param_bytes: int
+    numel: int
+    act_bytes: int
+    fwd_s: float
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """The profiled model: its blocks and the parameters/activations outside them.
+
+    ``other_act_bytes`` are tensors saved for backward outside the blocks (live from
+    forward to backward); ``head_workspace_bytes`` are transient bytes the output
+    layer and the loss allocate without saving them (logits, their float32 upcast,
+    the loss gradients), live only while the head runs.
+    """
+
+    blocks: tuple[BlockProfile, ...]
+    resident_param_bytes: int
+    resident_numel: int
+    other_act_bytes: int
+    other_fwd_s: float
+    state_bytes_per_param: int = 8  # AdamW m and v in float32
+    copy_bytes_per_param: int = 0  # the compute-dtype host copy of a group cast on the host (0 with float32)
+    staging_bytes_per_param: int = 0  # host gradient staging in the compute dtype (0: none kept)
+    fold_on_device: bool = False  # a micro-batch's gradients reach the host gradient as float32 (no CPU fold)
+    rest_cast_on_device: bool = False  # the parameters outside blocks are cast on the device
+    bwd_over_fwd: float = 2.0
+    head_workspace_bytes: int = 0
+    micro_batches: int = 1  # backward passes per optimizer step (gradient accumulation)
+
+    @property
+    def numel(self) -> int:
+        """All trainable parameters."""
+        return self.resident_numel + sum(b.numel for b in self.blocks)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Measured rates: bytes/s each way over PCIe, parameters/s of the CPU optimizer, disk bytes/s.
+
+    ``grad_add`` is the CPU's rate (elements/s) of adding one micro-batch's staged
+    gradient into the float32 host gradient (gradient accumulation on the host);
+    ``fold`` of copying a staged gradient into it (the first micro-batch); ``cast``
+    of casting updated float32 masters into the compute-dtype host copy.
+    """
+
+    h2d: float
+    d2h: float
+    optim: float
+    disk: float
+    grad_add: float = 4e9
+    fold: float = 1e10
+    cast: float = 1e10
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The decisions for one block."""
+
+    resident: bool = False
+    activation: Action = Action.RECOMPUTE
+    state_on_nvme: bool = False
+    grad_on_device: bool = False  # accumulate gradients over micro-batches in a float32 device buffer
+    cast_on_device: bool = False  # fetch the float32 master and cast on the device (no host copy, no CPU cast)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted seconds per step, split by resource, and the bottleneck.
+
+    ``cpu_optimizer`` is the CPU worker's whole time; ``cpu_update``, ``cpu_fold`` (folding
+    and adding staged gradients) and ``cpu_cast`` split it.
+    """
+
+    compute: float
+    h2d: float
+    d2h: float
+    cpu_optimizer: float
+    disk: float
+    predicted: float
+    bottleneck: str
+    cpu_update: float = 0.0
+    cpu_fold: float = 0.0
+    cpu_cast: float = 0.0
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """One compute event of the simulated step and the device bytes live during it."""
+
+    kind: str  # "fwd" | "head" | "bwd"
+    block: int
+    device_bytes: int
+    start: float
+    end: float
+    ready: float  # when this block's parameters were on the device
+
+
+def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, int]:
+    """Host and NVMe bytes a plan needs (masters, gradients, staging, copies, states, swapped activations)."""
+    per_param = 4 + 4 + prof.staging_bytes_per_param  # master, gradient, staging
+    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param
+    if not prof.rest_cast_on_device:
+        host += prof.resident_numel * prof.copy_bytes_per_param
+    nvme = staged = 0
+    for b, p in zip(prof.blocks, blocks, strict=True):
+        if not p.cast_on_device:
+            host += b.numel * prof.copy_bytes_per_param
+        state = b.numel * prof.state_bytes_per_param
+        if p.state_on_nvme:
+            nvme += state
+            staged = max(staged, state)  # one spilled block's state is in RAM during its update
+        else:
+            host += state
+        if p.activation is Action.SWAP:
+            host += b.act_bytes
+    return host + staged, nvme
