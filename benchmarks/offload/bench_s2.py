@@ -224,6 +224,7 @@ def phase_carina(args: argparse.Namespace) -> None:
         cpu_optimizer_threads=args.optim_threads,
         grad_fold=args.grad_fold,
         param_cast=args.param_cast,
+        step_barrier=args.step_barrier,
         step_timing=True,  # the step's split into compute, waits and the optimizer (carina.offload.timing)
         **getattr(args, "nvme", {}),
     )
@@ -475,6 +476,7 @@ def main() -> None:
     ap.add_argument("--report-tokens", default="8192,32768", help="report: carina configurations")
     ap.add_argument("--grad-fold", default="auto", help="carina's grad_fold (auto, host, device)")
     ap.add_argument("--param-cast", default="auto", help="carina's param_cast (auto, host, device)")
+    ap.add_argument("--step-barrier", action="store_true", help="carina's step_barrier (default here: off)")
     ap.add_argument("--cpu-dtype", default="float32", help="carina's compute dtype with --device cpu")
     ap.add_argument("--spill-blocks", type=int, default=2, help="spill: blocks' optimizer state short of host RAM")
     ap.add_argument("--nvme-path", default="/tmp/carina_nvme", help="spill: the NVMe tier's directory")

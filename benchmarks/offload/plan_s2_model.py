@@ -4,8 +4,8 @@ Reads the rates of a committed S2 carina record (PCIe each way from the plan's p
 update, fold and cast rates from the step timer's totals in the timed steps) and runs
 ``carina offload plan`` (the shape estimate, no GPU) for three paths: fold and cast on the CPU with
 ``step()`` waiting for every update (what that record ran), fold and cast on the device with the
-barrier, and the same with updates carried past ``step()`` (carina's defaults now). Writes one record
-with basis ``modeled``.
+barrier, and the same with updates carried past ``step()`` (opt-in until the CUDA tests of those paths
+have run on a GPU). Writes one record with basis ``modeled``.
 
     python benchmarks/offload/plan_s2_model.py --record benchmarks/results/h200/offload_s2_7b16l_8k.json
 """
@@ -22,8 +22,8 @@ from carina.core.bench import Basis, Figure, make_record, write_record
 
 PATHS = {
     "fold and cast on the CPU, barrier (what the record ran)": ["--convert-on-host", "--step-barrier"],
-    "fold and cast on the device, barrier": ["--step-barrier"],
-    "fold and cast on the device, updates past step()": [],
+    "fold and cast on the device, barrier": ["--convert-on-device", "--step-barrier"],
+    "fold and cast on the device, updates past step()": ["--convert-on-device", "--no-step-barrier"],
 }
 
 

@@ -63,24 +63,27 @@ def test_cuda_device_accumulators_match_host_accumulation_bitwise():
         assert torch.equal(state_on[name], value), name
 
 
-def _bf16_placed(fold: str, cast: str, monkeypatch):
+def _bf16_placed(fold: str, cast: str, monkeypatch, barrier: bool = True):
     from carina.offload.streams import Mover
 
     monkeypatch.setattr(Mover, "CAST_CHUNK", 4096)  # several chunks per block: the chunked cast-on-device path
     model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     # 1.1 MB: the blocks stream (on the CPU the same plan streams all 4 from 1.0 MB)
-    cfg = co.Config(device="cuda", compute_dtype="bfloat16", device_budget=1_100_000, grad_fold=fold, param_cast=cast)
+    cfg = co.Config(device="cuda", compute_dtype="bfloat16", device_budget=1_100_000, grad_fold=fold, param_cast=cast,
+                    step_barrier=barrier)  # fmt: skip
     model, opt = co.wrap(model, cfg, optimizer=opt)
     losses = train_losses(model, opt, 5, device="cuda")
     handle = co.handle_of(model)
     return losses, {k: v.clone() for k, v in model.state_dict().items()}, handle
 
 
-def test_cuda_fold_and_cast_on_the_device_match_the_host_path_bitwise(monkeypatch):
-    # bf16 -> float32 and float32 -> bf16 conversions are exact / round to nearest even on either side
+@pytest.mark.parametrize("barrier", [True, False])
+def test_cuda_fold_and_cast_on_the_device_match_the_host_path_bitwise(monkeypatch, barrier):
+    # bf16 -> float32 and float32 -> bf16 conversions are exact / round to nearest even on either side;
+    # without the barrier the next forward's fetches wait on each block's own update (CUDA streams too)
     ref, state_ref, h_ref = _bf16_placed("host", "host", monkeypatch)
-    got, state_got, h_got = _bf16_placed("device", "device", monkeypatch)
+    got, state_got, h_got = _bf16_placed("device", "device", monkeypatch, barrier=barrier)
     assert got == ref
     for name, value in state_ref.items():
         assert torch.equal(state_got[name], value), name

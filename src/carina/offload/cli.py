@@ -32,10 +32,20 @@ def plan(
     cast_gelems: Annotated[float, typer.Option(help="CPU cast of masters into the host copy, Gelem/s.")] = 10.0,
     fold_gelems: Annotated[float, typer.Option(help="CPU fold of staged gradients, Gelem/s.")] = 10.0,
     layers: Annotated[int, typer.Option(help="Decoder layers (0: the preset's).")] = 0,
-    convert_on_host: Annotated[bool, typer.Option(help="Fold and cast on the CPU (grad_fold, param_cast host).")] = (
-        False
-    ),
-    step_barrier: Annotated[bool, typer.Option(help="step() waits for every update (no carry-over).")] = False,
+    convert_on_host: Annotated[
+        bool,
+        typer.Option(
+            "--convert-on-host/--convert-on-device",
+            help="Fold and cast on the CPU (grad_fold, param_cast host: the library default) or on the device.",
+        ),
+    ] = True,
+    step_barrier: Annotated[
+        bool,
+        typer.Option(
+            "--step-barrier/--no-step-barrier",
+            help="step() waits for every update (the library default) or updates carry over.",
+        ),
+    ] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Plan a model from its shape (modeled): bytes per tier, predicted step split, bottleneck.
