@@ -19,3 +19,17 @@ step() {
   [ $rc -eq 0 ] || status=1
   return 0
 }
+# lane_begin LOGNAME WORKDIR: the ckpt device scripts' common start: records and LOG under $OUT/ckpt, a
+# scratch folder WORK removed at exit, the budget clock (start, status), B and COMMON (the benches' options).
+lane_begin() {
+  mkdir -p "$OUT/ckpt"
+  LOG="$OUT/ckpt/$1"
+  : >"$LOG"
+  WORK=$2
+  mkdir -p "$WORK"
+  trap 'rm -rf "$WORK"' EXIT
+  start=$(date +%s)
+  status=0
+  B=benchmarks/ckpt
+  COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
+}

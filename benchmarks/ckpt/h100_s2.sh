@@ -36,15 +36,9 @@ BUDGET_S=${BUDGET_S:-240}
 SCRATCH=${SCRATCH:-.}            # a folder on the disk under test (the repository's disk by default)
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
-mkdir -p "$OUT/ckpt"
-LOG="$OUT/ckpt/h100_s2.log"
-WORK="$SCRATCH/.ckpt_h100_s2.$$"
-mkdir -p "$WORK"
-trap 'rm -rf "$WORK"' EXIT
-start=$(date +%s)
-status=0
 # shellcheck source=benchmarks/ckpt/budget_steps.sh
 . "$(dirname "$0")/budget_steps.sh"
+lane_begin h100_s2.log "$SCRATCH/.ckpt_h100_s2.$$"
 
 step "machine" 5 bash -c "nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader || true; df -h '$SCRATCH' | tail -1; df -h /dev/shm | tail -1; nproc"
 step "stall ($DEVICE, $PARAMS params, $REPS reps)" 120 \

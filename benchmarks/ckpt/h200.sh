@@ -40,18 +40,9 @@ BUDGET_S=${BUDGET_S:-270}
 SCRATCH=${SCRATCH:-.}            # a folder on the disk under test (the repository's disk by default)
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
-mkdir -p "$OUT/ckpt"
-LOG="$OUT/ckpt/h200.log"
-: >"$LOG"
-WORK="$SCRATCH/.ckpt_h200.$$"
-mkdir -p "$WORK"
-trap 'rm -rf "$WORK"' EXIT
-start=$(date +%s)
-status=0
 # shellcheck source=benchmarks/ckpt/budget_steps.sh
 . "$(dirname "$0")/budget_steps.sh"
-B=benchmarks/ckpt
-COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
+lane_begin h200.log "$SCRATCH/.ckpt_h200.$$"
 
 step "machine" 5 bash -c "nvidia-smi --query-gpu=name,memory.total,memory.free,driver_version --format=csv,noheader || true; df -h '$SCRATCH' | tail -1; df -h /dev/shm | tail -1; nproc; free -g | head -2; cat /sys/kernel/mm/transparent_hugepage/enabled"
 step "stall ($DEVICE, llama $P1, every method)" 90 \

@@ -31,18 +31,9 @@ if ls .whl-ckpt/*.whl >/dev/null 2>&1; then  # carried wheels (isal: ISA-L's CRC
     .whl-ckpt/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-ckpt
 fi
 "$PYTHON" -c "from carina.ckpt.checksum import BACKEND; print('checksum backend:', BACKEND)"
-mkdir -p "$OUT/ckpt"
-LOG="$OUT/ckpt/lane_s4.log"
-: >"$LOG"
-WORK="./.ckpt_s4.$$"
-mkdir -p "$WORK"
-trap 'rm -rf "$WORK"' EXIT
-start=$(date +%s)
-status=0
 # shellcheck source=benchmarks/ckpt/budget_steps.sh
 . "$(dirname "$0")/budget_steps.sh"
-B=benchmarks/ckpt
-COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
+lane_begin lane_s4.log "./.ckpt_s4.$$"
 
 has stall && step "stall ($DEVICE, llama $P1)" 100 \
   "$PYTHON" $B/bench_stall.py "${COMMON[@]}" --params "$P1" --reps 4 --writers process,thread,fork \
