@@ -54,3 +54,19 @@ def two_rank_jobs(root: str, step: int, token: str) -> list[tuple[Any, memoryvie
         )
         for rank in (0, 1)
     ]  # fmt: skip
+
+
+def run_ranks(target: Any, args_of: Any, world: int, timeout_s: float = 240) -> list[int | None]:
+    """Start ``world`` spawned processes ``target(*args_of(rank))``, wait (killing stragglers), return exit codes."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=args_of(r)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout_s)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return [p.exitcode for p in procs]

@@ -10,14 +10,13 @@ selects the previous checkpoint.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from ckpt_remote_worker import worker
-from ckpt_state import assert_bitwise, s3_options, tensors_of
+from ckpt_state import assert_bitwise, run_ranks, s3_options, tensors_of
 
 from carina.ckpt import Checkpointer, Config
 from carina.ckpt.commit import committed_steps
@@ -25,16 +24,7 @@ from carina.ckpt.remote import RemoteStore
 
 
 def _run(tmp: Path, url: str, endpoint: str, scenario: str) -> list[int | None]:
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, str(tmp), url, endpoint, scenario)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return [p.exitcode for p in procs]
+    return run_ranks(worker, lambda r: (r, str(tmp), url, endpoint, scenario), 2)
 
 
 def _solo_restore(tmp: Path, url: str, endpoint: str) -> tuple[int, dict[str, torch.Tensor], Any]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from pathlib import Path
 
 import pytest
 import torch
 from ckpt_reshard_worker import worker
+from ckpt_state import run_ranks
 from typer.testing import CliRunner
 
 from carina.ckpt.cli import app as cli_app
@@ -19,16 +19,7 @@ from carina.core.errors import CheckpointError, CorruptCheckpoint
 
 @pytest.mark.slow
 def test_save_4_restore_2_and_back(tmp_path: Path) -> None:
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, str(tmp_path))) for r in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert run_ranks(worker, lambda r: (r, str(tmp_path)), 4) == [0, 0, 0, 0]
     verdicts = json.loads((tmp_path / "verdict.json").read_text())
     assert [v["equal_2to4"] for v in verdicts] == [True] * 4
     assert [v["step_2to4"] for v in verdicts] == [2] * 4

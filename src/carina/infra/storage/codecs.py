@@ -36,6 +36,8 @@ __all__ = [
     "codec_available",
     "compress_block",
     "decompress_block",
+    "job_groups",
+    "job_table",
     "run_jobs",
 ]
 
@@ -198,3 +200,16 @@ def run_jobs(arena: memoryview, jobs: Sequence[Job], *, device: str = "cpu") -> 
         else:
             results[i] = decompress_block(Codec(codec), src, dst, crc)
     return [r for r in results if r is not None]
+
+
+def job_table(jobs: Sequence[Job]) -> np.ndarray:
+    """``jobs`` as one ``(n, 7)`` int64 array (a row per job, its fields in :data:`Job` order)."""
+    import itertools
+
+    n = len(jobs)
+    return np.fromiter(itertools.chain.from_iterable(jobs), dtype=np.int64, count=7 * n).reshape(n, 7)
+
+
+def job_groups(idx: np.ndarray, key: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """The rows ``idx`` split by ``key`` (one key per row of ``idx``): ``(key, rows)`` per distinct key, ascending."""
+    return [(k, idx[key == k]) for k in np.unique(key).tolist()]

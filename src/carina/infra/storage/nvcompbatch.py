@@ -23,14 +23,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any, Protocol, cast
 
 import numpy as np
 
-from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Job, Op, Result, run_jobs
+from carina.infra.storage.codecs import (
+    ERR_CHECKSUM,
+    ERR_CORRUPT,
+    Codec,
+    Job,
+    Op,
+    Result,
+    job_groups,
+    job_table,
+    run_jobs,
+)
 from carina.infra.storage.graphs import GraphRunner
 from carina.infra.storage.rowcopy import RowMover, runs_of
 from carina.infra.storage.zvcbatch import host_crc32, read_back
@@ -160,13 +169,11 @@ class NvcompBatcher:
         n = len(jobs)
         if not n:
             return []
-        a = np.fromiter(itertools.chain.from_iterable(jobs), dtype=np.int64, count=7 * n).reshape(n, 7)
+        a = job_table(jobs)
         out = np.zeros((n, 3), dtype=np.int64)
         take, length = self._plan(a)
         idx = np.flatnonzero(take)
-        key = (a[idx, 0] << 48) | (a[idx, 1] << 40) | length[idx]
-        for k in np.unique(key).tolist():
-            group = idx[key == k]
+        for k, group in job_groups(idx, (a[idx, 0] << 48) | (a[idx, 1] << 40) | length[idx]):
             op, codec, ln = k >> 48, Codec((k >> 40) & 0xFF), k & ((1 << 40) - 1)
             try:
                 out[group] = self._group(a[group], op, codec, ln, stream)

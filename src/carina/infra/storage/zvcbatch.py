@@ -20,14 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import zlib
 from collections.abc import Sequence
 from typing import Any, cast
 
 import numpy as np
 
-from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Job, Op, Result, run_jobs
+from carina.infra.storage.codecs import (
+    ERR_CHECKSUM,
+    ERR_CORRUPT,
+    Codec,
+    Job,
+    Op,
+    Result,
+    job_groups,
+    job_table,
+    run_jobs,
+)
 from carina.infra.storage.graphs import GraphRunner
 from carina.infra.storage.rowcopy import RowMover, runs_of
 
@@ -80,13 +89,11 @@ class ZvcBatcher:
         n = len(jobs)
         if not n:
             return []
-        a = np.fromiter(itertools.chain.from_iterable(jobs), dtype=np.int64, count=7 * n).reshape(n, 7)
+        a = job_table(jobs)
         out = np.zeros((n, 3), dtype=np.int64)
         take, length = self._plan(a)
         idx = np.flatnonzero(take)
-        key = a[idx, 0] * (1 << 40) + length[idx]
-        for k in np.unique(key).tolist():
-            group = idx[key == k]
+        for k, group in job_groups(idx, a[idx, 0] * (1 << 40) + length[idx]):
             out[group] = self._group(a[group], int(k >> 40), int(k & ((1 << 40) - 1)), stream)
         rest = np.flatnonzero(~take)
         bad = rest[a[rest, 1] == Codec.ZVC]
