@@ -44,7 +44,7 @@ has overhead && step "overhead ($DEVICE, llama $P1, K=$INTERVALS, 2 interleaved 
   --methods carina-process --pairs 2 --budget-s 60 --name "ckpt_overhead$SUFFIX"
 rm -rf "$WORK/run"
 if [ "$DEVICE" = cpu ]; then OFF=(--model tiny --budget 4MiB); else OFF=(--model llama-1b --budget 12GiB --micro-batch 4 --seq-len 2048); fi
-has offload && step "offload ($DEVICE, ${OFF[*]})" 110 \
+has offload && step "offload ($DEVICE, ${OFF[*]})" "${OFFLOAD_LIMIT:-110}" \
   "$PYTHON" $B/bench_offload.py --device "$DEVICE" "${OFF[@]}" --dir "$WORK/run" --deadline-s 40 \
   --methods carina-process,carina-thread,torch.save --name "ckpt_offload$SUFFIX"
 rm -rf "$WORK/run"
