@@ -36,16 +36,23 @@ def plan(
         bool,
         typer.Option(
             "--convert-on-host/--convert-on-device",
-            help="Fold and cast on the CPU (grad_fold, param_cast host: the library default) or on the device.",
+            help="Fold and cast on the CPU (grad_fold, param_cast host) or on the device (the library default).",
         ),
-    ] = True,
+    ] = False,
     step_barrier: Annotated[
         bool,
         typer.Option(
             "--step-barrier/--no-step-barrier",
-            help="step() waits for every update (the library default) or updates carry over.",
+            help="step() waits for every update, or updates carry over (the library default).",
         ),
-    ] = True,
+    ] = False,
+    tokens_per_step: Annotated[
+        int,
+        typer.Option(
+            help="Tokens per optimizer step: plan every split into micro-batches of whole sequences and "
+            "take the fastest that fits (replaces --tokens and --micro-batches; 0: off)."
+        ),
+    ] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Plan a model from its shape (modeled): bytes per tier, predicted step split, bottleneck.
@@ -59,7 +66,8 @@ def plan(
     from carina.memory.tiers import format_bytes, parse_bytes
     from carina.offload.estimate import ShapeEstimate, estimate_profile, nominal_hardware
     from carina.offload.models import model_config, param_count
-    from carina.offload.planner import PlanBudgets, make_plan
+    from carina.offload.planner import Plan, PlanBudgets, make_plan
+    from carina.offload.splits import Split, best_split, plan_splits
 
     try:
         try:
@@ -75,23 +83,41 @@ def plan(
         if activations not in ("plan", "keep", "swap", "recompute"):
             raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
         cfg = model_config(model, **({"num_hidden_layers": layers} if layers else {}))
-        staged = micro_batches > 1 or convert_on_host  # host staging only where gradients are folded/added there
-        prof = replace(estimate_profile(cfg, ShapeEstimate(tokens, seq_len, tflops, dtype_bytes)),
-                       micro_batches=micro_batches, staging_bytes_per_param=dtype_bytes if staged else 0,
-                       fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host)  # fmt: skip
         hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9,
                      cast=cast_gelems * 1e9, fold=fold_gelems * 1e9)  # fmt: skip
-        result = make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth,
-                           cast="host" if convert_on_host else "auto", carry=not step_barrier)  # fmt: skip
+
+        def plan_for(tokens: int, micro_batches: int) -> Plan:
+            staged = micro_batches > 1 or convert_on_host  # host staging only where gradients are folded/added there
+            prof = replace(estimate_profile(cfg, ShapeEstimate(tokens, seq_len, tflops, dtype_bytes)),
+                           micro_batches=micro_batches, staging_bytes_per_param=dtype_bytes if staged else 0,
+                           fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host)  # fmt: skip
+            return make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth,
+                             cast="host" if convert_on_host else "auto", carry=not step_barrier)  # fmt: skip
+
+        splits: list[Split] = []
+        if tokens_per_step:
+            splits = plan_splits(tokens_per_step, seq_len, plan_for)
+            best = best_split(splits)
+            tokens, micro_batches = best.tokens, best.micro_batches
+        result = plan_for(tokens, micro_batches)
     except CarinaError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from None
-    summary = {"model": model, "params": param_count(cfg), "basis": "modeled", **result.summary()}
+    summary = {"model": model, "params": param_count(cfg), "basis": "modeled", "tokens": tokens,
+               "micro_batches": micro_batches, **result.summary()}  # fmt: skip
+    if splits:
+        summary["splits"] = [r.row() for r in splits]
     if json_out:
         emit_json(summary)
         return
     t = result.time
     out = console()
+    if splits:
+        print_table([{"micro-batches": r.micro_batches, "tokens each": r.tokens,
+                      "step s": "-" if r.step_s is None else f"{r.step_s:.3f}",
+                      "bottleneck": r.plan.time.bottleneck if r.plan else r.reason[:60]} for r in splits],
+                    columns=["micro-batches", "tokens each", "step s", "bottleneck"],
+                    title=f"splits of {tokens_per_step} tokens per step (the fastest that fits: below)")  # fmt: skip
     out.print(f"[bold]{model}[/]: {param_count(cfg) / 1e9:.2f}B parameters, {micro_batches} x {tokens} tokens per "
               "step (modeled)")  # fmt: skip
     counts = result.counts()

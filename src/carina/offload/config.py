@@ -126,17 +126,17 @@ class OffloadConfig(Config):
             that runs the hooks and issues GPU work, since the kernels split their work evenly
             and a team with one thread short of a core waits for it; with a CPU device, which
             computes on those threads too, PyTorch's count).
-        step_barrier: Make ``optimizer.step()`` wait for every block's update (the default until
-            the CUDA tests of the carry-over have run on a GPU; ``benchmarks/offload/lane_s2_h200.sh``
-            runs them and measures it). False: a block updated during backward (one flat fused
+        step_barrier: Make ``optimizer.step()`` wait for every block's update. False (the default
+            since the CUDA tests of the carry-over passed on an H200 in session 5, run by
+            ``benchmarks/offload/lane_s2_h200.sh``): a block updated during backward (one flat fused
             call, see :mod:`carina.offload.flatstep`) may still be updating when ``step()``
             returns: the next forward fetches each block once its own update is done, and the
             worker updates blocks in the order that forward needs them, so the next forward
             overlaps the last updates. Its hyperparameters are copied when it is queued, so an LR
             scheduler stepped meanwhile does not reach it; results are the same either way.
-        grad_fold: Where a block's gradients become float32 (:class:`ConvertOn`). ``host`` (the
-            default until the device paths' CUDA test has run on a GPU): gradients land in host
-            staging in the compute dtype and the CPU worker folds them. ``device`` (and ``auto``):
+        grad_fold: Where a block's gradients become float32 (:class:`ConvertOn`). ``host``: gradients
+            land in host staging in the compute dtype and the CPU worker folds them. ``device``
+            (and ``auto``, the default since the device paths' CUDA tests passed on an H200):
             each gradient is converted on the device and copied straight into the float32 host
             gradient, so the CPU does no fold pass and no host staging is kept (unless
             micro-batches are added on the host); the copy carries 4 bytes per parameter instead
@@ -146,8 +146,8 @@ class OffloadConfig(Config):
             that feeds the device (2 bytes per parameter of host RAM with bf16). ``device``:
             the float32 master is copied to the device in chunks and cast there (no host
             copy, no cast pass; twice the host-to-device bytes). ``auto``: the planner
-            chooses per block (device while profiling). No effect with float32 compute.
-            ``host`` is the default until the device paths' CUDA test has run on a GPU.
+            chooses per block (device while profiling); the default since the device paths' CUDA
+            tests passed on an H200. No effect with float32 compute.
         step_timing: Record where each step's time goes (:mod:`carina.offload.timing`): compute,
             recompute, waits on streamed weights, swapped activations and the CPU optimizer,
             and the optimizer's own work. For benchmarks; off by default.
@@ -176,9 +176,9 @@ class OffloadConfig(Config):
     allocator: AllocatorMode = AllocatorMode.AUTO
     cpu_optimizer: CpuOptimizerImpl = CpuOptimizerImpl.AUTO
     cpu_optimizer_threads: int = 0
-    step_barrier: bool = True
-    grad_fold: ConvertOn = ConvertOn.HOST
-    param_cast: ConvertOn = ConvertOn.HOST
+    step_barrier: bool = False
+    grad_fold: ConvertOn = ConvertOn.AUTO
+    param_cast: ConvertOn = ConvertOn.AUTO
     step_timing: bool = False
 
     def validate(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -137,7 +138,10 @@ class GradientPath:
             # hyperparameters as they are now: a block's update may still run after step() returned
             options = self.snapshot(g) if eager else None
             first = g.index if g.module is not None else -1  # the order the next forward needs them
-            fut = self.worker.submit(self._consume, g, events, how, eager, options, priority=first if eager else -2)
+            fut = self.worker.submit(
+                self._consume, g, events, how, eager, options,
+                priority=first if eager else -2, ready=partial(self.mover.all_done, events),
+            )  # fmt: skip
             g.pending.append(fut)
             if eager:
                 g.updates.append(fut)

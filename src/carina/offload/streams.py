@@ -94,6 +94,11 @@ class Mover:
             torch.cuda.current_stream(self.device).wait_event(event)
 
     @staticmethod
+    def all_done(events: list[Any]) -> bool:
+        """Whether every event completed (None counts as completed); never blocks."""
+        return all(event is None or event.query() for event in events)
+
+    @staticmethod
     def wait_on_host(event: Any) -> None:
         """Block the calling thread until ``event`` completed (no-op for None)."""
         if event is not None:
