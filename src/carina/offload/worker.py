@@ -9,8 +9,9 @@ hands them over last-first). A task is queued when its hook runs, before the dev
 its gradient (the host issues work ahead of the device), so a task whose copy is still on its
 way is passed over while another one's inputs are there; when none is ready the worker takes
 the earliest queued, whose copy lands first (one in-order copy stream). Taking the lowest
-priority regardless (as before) left the worker waiting on the newest gradient's copy while
-older ones sat ready: 0.33 s of a 1.27 s step on an H200 (``offload_s2_7b16l_8k``, session 5).
+priority regardless (as before) can leave the worker waiting on the newest gradient's copy while
+older ones sit ready; in the H200 8k record of session 5 (``s5/offload_s2_7b16l_8k``) the worker
+waited 0.33 s of a 1.27 s step on copies (how much of that this order recovers is unmeasured).
 PyTorch's CPU kernels
 split each tensor evenly over the calling thread's OpenMP team, so a team with as many
 threads as cores, next to one more busy thread, waits at every kernel's end for the thread
