@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import sys
 import threading
@@ -458,7 +459,10 @@ def phase_spill(args: argparse.Namespace) -> None:
     args.host_budget = host_budget / 1e9
     args.nvme = {
         "nvme_path": Path(args.nvme_path),
-        "nvme_budget": 2 * (args.spill_blocks + 1) * block_state,
+        # room to write a block's new state before its old extent is freed, within the disk's free space
+        "nvme_budget": min(
+            2 * (args.spill_blocks + 1) * block_state, shutil.disk_usage(args.nvme_path).free - (2 << 30)
+        ),
         "disk_gbps": min(disk["write_gbps"], disk["read_gbps"]),
     }
     args.prefix = "spill_"

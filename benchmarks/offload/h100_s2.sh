@@ -8,7 +8,7 @@
 #   DEVICE=cpu OUT=/tmp/offload_out bash benchmarks/offload/h100_s2.sh   # tiny sizes, proves the script
 #   PHASES="ideal carina_8k cpu_optim" BUDGET=200 OUT=<dir> bash benchmarks/offload/h100_s2.sh   # those phases
 #
-# PHASES (default: all but cpu_optim, spill_8k and gpu_tests) picks among: ideal carina_8k carina_32k fsdp2_8k
+# PHASES (default: all but cpu_optim, spill_8k, carina_128k and gpu_tests) picks among: ideal carina_8k carina_32k carina_128k fsdp2_8k
 # notax_3b cpu_optim spill_8k gpu_tests (gpu_tests: tests/offload/test_cuda.py, first, its summary in gpu_tests.txt) and
 # spill_8k (spill_8k: the 7B shape at SPILL_LAYERS (4) layers, 8k tokens, a host budget SPILL_BLOCKS (2)
 # blocks' optimizer state short of the plan's need, so that state spills to the NVMe tier in NVME_DIR; the tier's
@@ -57,13 +57,13 @@ START=$(date +%s)
 
 if [ "${DEVICE:-cuda}" = cpu ]; then   # tiny sizes: proves every phase and the report
   COMMON="--device cpu --model tiny --layers 4 --truncate 2,4 --seq 64 --micro 2 --cap 0 --host-budget 0 --adam-probe 1048576 --tag tiny"
-  T8=256; T32=1024; NOTAX="--model tiny --layers 4"
+  T8=256; T32=1024; T128=4096; M128=16; NOTAX="--model tiny --layers 4"
   export OMP_NUM_THREADS=1   # a shared CPU box: one intra-op thread keeps timings sane
-  CAPS=(60 90 90 60 90 60 60); NOTAX_MIN=30; KMODEL=tiny; SPILL_TAG=tiny; DISK_PROBE=$((64 << 20))
+  CAPS=(60 90 90 60 90 60 60 90); NOTAX_MIN=30; KMODEL=tiny; SPILL_TAG=tiny; DISK_PROBE=$((64 << 20))
 else
   COMMON="--model llama2-7b --layers 16 --seq 2048 --micro 4 --cap 24 --host-budget 110 --tag 7b16l"
-  T8=8192; T32=32768; NOTAX="--model llama-3b --layers 26 --micro 1"
-  CAPS=(60 150 150 90 120 40 90); NOTAX_MIN=100; KMODEL=llama2-7b   # ideal, carina 8k/32k, fsdp2, no tax, cpu_optim, spill
+  T8=8192; T32=32768; T128=131072; M128=${M128:-8}; NOTAX="--model llama-3b --layers 26 --micro 1"
+  CAPS=(60 150 150 90 120 40 90 170); NOTAX_MIN=100; KMODEL=llama2-7b   # ideal, carina 8k/32k, fsdp2, no tax, cpu_optim, spill, 128k
   SPILL_TAG=7b${SPILL_LAYERS}l; DISK_PROBE=$((1 << 30))
 fi
 
@@ -82,7 +82,7 @@ step() {  # step NAME CAP MIN cmd...
   echo "== $name: rc=$rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
   report 10   # records of everything measured so far, rewritten after each step
 }
-REPORT_TOKENS=$( { want carina_8k && echo $T8; want carina_32k && echo $T32; } | paste -sd, )
+REPORT_TOKENS=$( { want carina_8k && echo $T8; want carina_32k && echo $T32; want carina_128k && echo $T128; } | paste -sd, )
 report() {  # report SECONDS
   [ -n "$REPORT_TOKENS" ] || want spill_8k || return 0
   timeout -k 2 "$1" $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens "$REPORT_TOKENS" --tokens $T8 \
@@ -101,8 +101,11 @@ want ideal      && step ideal      "${CAPS[0]}" 20 $B ideal  --work "$WORK" $COM
 want carina_8k  && step carina_8k  "${CAPS[1]}" 60 $B carina --work "$WORK" $COMMON $CARINA --tokens $T8 --steps 3
 want carina_32k && step carina_32k "${CAPS[2]}" 60 $B carina --work "$WORK" $COMMON $CARINA --tokens $T32 --steps 2 \
   --micro "$M32"
+# 128k: 8 micro-batches of 8 sequences, the split `carina offload plan --tokens-per-step 131072` takes (M128)
+want carina_128k && step carina_128k "${CAPS[7]}" 80 $B carina --work "$WORK" $COMMON $CARINA --tokens $T128 \
+  --steps 2 --micro "$M128"
 [ "${DEVICE:-cuda}" != cpu ] && want fsdp2_8k && step fsdp2_8k "${CAPS[3]}" 45 $B fsdp2 --work "$WORK" $COMMON --tokens $T8 --steps 2
-want spill_8k   && step spill_8k   "${CAPS[6]}" 45 $B spill  --work "$WORK" $COMMON $CARINA --layers "$SPILL_LAYERS" \
+want spill_8k   && step spill_8k   "${SPILL_CAP:-${CAPS[6]}}" 45 $B spill  --work "$WORK" $COMMON $CARINA --layers "$SPILL_LAYERS" \
   --tokens $T8 --steps 2 --spill-blocks "$SPILL_BLOCKS" --nvme-path "$NVME_DIR" --disk-probe "$DISK_PROBE"
 rm -rf "$NVME_DIR"   # the tier removes its file; a killed phase may leave it
 want notax_3b   && step notax_3b   "${CAPS[4]}" "$NOTAX_MIN" $B notax --work "$WORK" $COMMON $NOTAX --tokens $T8 --steps 3
