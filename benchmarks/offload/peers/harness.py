@@ -94,6 +94,18 @@ PRESETS: dict[str, dict[str, Any]] = {
             "torchao_cpu_offload",
         ],
     },
+    "h200-7b16l-32k": {  # the headline configuration at 16 of the 7B shape's 32 layers: 24 GiB / 32k
+        "shape": "7b",
+        "layers": 16,
+        "tokens": [32768],  # one micro-batch of 16 sequences for every system (what carina's plan takes at 32k)
+        "budget": 24.0,
+        "seq_len": 2048,
+        "steps": 2,
+        "warmup": 3,
+        "ideal_first": True,
+        # torchao last: at 8k it ran out of memory for fp32 weights (and gradients) alone, which 32k only adds to
+        "systems": ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload_grads"],
+    },
     "h100-3b-check": {
         "shape": "3b",
         "tokens": [8192],

@@ -8,4 +8,5 @@
 # Usage (repository root): OUT=<dir> bash benchmarks/offload/peers/lane_peers_h200_7b.sh
 set -uo pipefail
 export PRESET=${PRESET:-h200-7b16l} LANE=${LANE:-peers7b} BUDGET=${BUDGET:-575} PER_RUN=${PER_RUN:-150}
+export TAG=${TAG-s6}  # the 8k run of session 5 is offload_peers_s4_7b16l_* (carina with the old defaults)
 exec bash "$(dirname "$0")/lane_peers_h200.sh"
