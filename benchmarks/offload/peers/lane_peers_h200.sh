@@ -63,6 +63,12 @@ export CPATH="$AIO/usr/include${CPATH:+:$CPATH}" LIBRARY_PATH="$LIB${LIBRARY_PAT
 export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CFLAGS="-I$AIO/usr/include" LDFLAGS="-L$LIB"
 say "machine: $(nproc) cores; $(command -v g++ || echo 'no g++'); $(df -T "$NVME_DIR" | tail -1)"
+# DeepSpeed's JIT builder sorts the CUDA arch list as integers: session 5's H200 preflight failed async_io with
+# "invalid literal for int() with base 10: '0a'" (an arch such as 9.0a in the list). Name the GPU's own arch.
+if [ "$DEVICE" != cpu ] && CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1); then
+  say "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST-unset}'; set to $CC for DeepSpeed's builds"
+  export TORCH_CUDA_ARCH_LIST=$CC
+fi
 
 # 3. DeepSpeed preflight: versions, toolchain, cpu_adam and async_io built and used once; its record says
 #    what worked or the exact failure, and the harness gives a DeepSpeed row that failure as its reason.
