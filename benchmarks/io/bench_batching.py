@@ -35,6 +35,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disk_ceiling import fio_memory, fio_read_cmd
+
 from carina.core.bench import Figure, make_record, write_record
 from carina.io import IOConfig, IOEngine, aligned_buffer
 from carina.io.backends._ring import OP_READ, Ring
@@ -78,9 +81,7 @@ def batch_latency(path: Path, size: int, n: int, trials: int) -> dict[str, Any]:
 
 def fio_iops(fio: str, path: Path, size: int, qd: int, seconds: float, convoy: bool) -> float:
     """fio's 4 KiB random-read IOPS, staggered (default) or in convoys of ``qd``."""
-    cmd = [fio, "--name=batching", f"--filename={path}", f"--size={size}", "--direct=1", "--readonly",
-           "--rw=randread", "--bs=4096", "--ioengine=io_uring", f"--iodepth={qd}", "--time_based",
-           f"--runtime={max(1, round(seconds))}", "--output-format=json"]  # fmt: skip
+    cmd, _ = fio_read_cmd(fio, str(path), size, rw="randread", block=4096, depth=qd, seconds=seconds)
     if convoy:
         cmd += [f"--iodepth_batch_submit={qd}", f"--iodepth_batch_complete_min={qd}"]
     job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
@@ -136,7 +137,8 @@ def main() -> None:
         value=convoy,
         unit="IOPS",
         ceiling=staggered,
-        ceiling_source=f"fio io_uring O_DIRECT 4 KiB randread iodepth={args.qd} with its default (staggered) "
+        ceiling_source=f"fio io_uring O_DIRECT 4 KiB randread iodepth={args.qd}, {fio_memory(4096, args.qd)[1]}, "
+        "with its default (staggered) "
         f"submission, same file, median of {args.pairs} runs interleaved with the convoy runs",
     )
     record = make_record(

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disk_ceiling import block_limits, fio_read_cmd
+
 from carina.core.bench import Figure, make_record, write_record
 from carina.core.errors import ConfigError
 from carina.io import IOConfig, IOEngine
@@ -73,27 +76,14 @@ def parse_cases(text: str) -> list[Case]:
     return cases
 
 
-def fio_rate(fio: str, path: Path, size: int, case: Case, seconds: float) -> dict[str, float]:
-    """fio's IOPS, bandwidth and CPU use (cores) for ``case`` on ``path``."""
-    cmd = [
-        fio,
-        "--name=ceiling",
-        f"--filename={path}",
-        f"--size={size}",
-        "--direct=1",
-        "--readonly",
-        "--rw=randread" if case.access is Access.RAND else "--rw=read",
-        f"--bs={case.block}",
-        "--ioengine=io_uring",
-        f"--iodepth={case.qd}",
-        "--time_based",
-        f"--runtime={max(1, round(seconds))}",
-        "--output-format=json",
-    ]
+def fio_rate(fio: str, path: Path, size: int, case: Case, seconds: float) -> dict[str, Any]:
+    """fio's IOPS, bandwidth and CPU use (cores) for ``case`` on ``path`` (huge-page buffers where reserved)."""
+    rw = "randread" if case.access is Access.RAND else "read"
+    cmd, words = fio_read_cmd(fio, str(path), size, rw=rw, block=case.block, depth=case.qd, seconds=seconds)
     job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
     read = job["read"]
     cores = (float(job["usr_cpu"]) + float(job["sys_cpu"])) / 100
-    return {"iops": float(read["iops"]), "bytes_per_s": float(read["bw_bytes"]), "cores": cores}
+    return {"iops": float(read["iops"]), "bytes_per_s": float(read["bw_bytes"]), "cores": cores, "buffers": words}
 
 
 def carina_rate(engine: IOEngine, handle: Any, case: Case, seconds: float, rows: int, verify: bool) -> dict[str, float]:
@@ -154,6 +144,7 @@ def measure(
         out["fio_bytes_per_s_median"] = statistics.median(t["fio"]["bytes_per_s"] for t in trials)
         out["fio_cores_median"] = statistics.median(t["fio"]["cores"] for t in trials)
         out["pair_ratio_median"] = statistics.median(t["carina"]["iops"] / t["fio"]["iops"] for t in trials)
+        out["fio_buffers"] = sorted({t["fio"]["buffers"] for t in trials})
     return out
 
 
@@ -166,7 +157,8 @@ def _figure(case: Case, r: dict[str, Any], pairs: int, fio: bool) -> Figure:
         unit="IOPS" if rand else "GB/s",
         ceiling=(r["fio_iops_median"] if rand else r["fio_bytes_per_s_median"] / 1e9) if fio else None,
         ceiling_source=(
-            f"fio io_uring O_DIRECT {what}, same file, median of {pairs} runs interleaved with carina's"
+            f"fio io_uring O_DIRECT {what}, {' / '.join(r['fio_buffers'])}, same file, median of {pairs} runs "
+            "interleaved with carina's"
             if fio
             else "none: fio not installed"
         ),
@@ -195,6 +187,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="carina-randread-", dir=args.dir))
     path = workdir / "data.bin"
     results: dict[str, Any] = {"fio": bool(fio), "loadavg_1min_start": os.getloadavg()[0], "cpus": os.cpu_count()}
+    results["block_limits"] = block_limits(workdir)  # what splits large requests (see disk_ceiling.py)
     try:
         with IOEngine(IOConfig(backend="uring" if args.backend == "kvikio" else args.backend)) as engine:
             fill_file(engine, engine.open(path, "w"), size)

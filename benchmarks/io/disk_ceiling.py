@@ -6,6 +6,18 @@ that disk rate on the benchmark's own files: with fio (``O_DIRECT``, 4 MiB
 blocks, queue depth 16) when it is installed, otherwise with a large
 sequential ``O_DIRECT`` read or write from 8 threads of 4 MiB ``preadv`` /
 ``pwritev`` calls (no carina code on either path).
+
+fio's IO buffers are huge pages (``--iomem=mmaphuge``) whenever enough are
+reserved (``/proc/sys/vm/nr_hugepages``; ``lane_h200.sh`` reserves them). With
+fio's default 4 KiB-page buffers a 1 MiB request carries up to 256 physical
+segments, one virtio descriptor each (and is split above ``max_segments``,
+254 on the CPU machine), where a huge-page buffer is one segment; on the
+virtio disks here that alone made fio read at about half the rate
+(``bench_fio_buffers.py``, ``cpu/io_fio_buffers_cpu.json``: 1.21 against
+2.25 GB/s for 1 MiB, 1.20 against 2.15 for 4 MiB). carina's large NumPy
+buffers are transparent huge pages, so the session-5 H200 records, whose fio
+ran with 4 KiB pages, show carina above "the ceiling". :func:`fio_memory` says
+which buffers a run got, and every ``ceiling_source`` names them.
 """
 
 from __future__ import annotations
@@ -17,14 +29,80 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from carina.io import aligned_buffer
 
-__all__ = ["find_fio", "read_ceiling", "read_ceiling_files", "write_ceiling"]
+__all__ = [
+    "block_limits",
+    "find_fio",
+    "fio_memory",
+    "fio_read_cmd",
+    "read_ceiling",
+    "read_ceiling_files",
+    "write_ceiling",
+]
 
 BLOCK = 4 << 20
+_MEMINFO = Path("/proc/meminfo")
+
+
+def fio_memory(block: int, depth: int, meminfo: Path = _MEMINFO) -> tuple[list[str], str]:
+    """fio's buffer option for ``depth`` buffers of ``block`` bytes, and words for ``ceiling_source``.
+
+    Huge pages (``--iomem=mmaphuge``: anonymous ``MAP_HUGETLB``) when enough
+    are free, so a large request is one physical segment, as carina's are;
+    otherwise fio's default buffers, said in the words.
+    """
+    fields: dict[str, int] = {}
+    try:
+        for line in meminfo.read_text().splitlines():
+            key, _, rest = line.partition(":")
+            fields[key] = int(rest.split()[0]) if rest.split() else 0
+    except (OSError, ValueError):
+        fields = {}
+    page = fields.get("Hugepagesize", 0) * 1024
+    need = -(-block * depth // page) + 2 if page else 0  # fio rounds its area up and aligns it
+    if page and fields.get("HugePages_Free", 0) >= need:
+        return ["--iomem=mmaphuge"], f"{page >> 20} MiB huge-page buffers"
+    return [], "4 KiB-page buffers (no huge pages reserved: large requests may be split, see disk_ceiling.py)"
+
+
+def fio_read_cmd(
+    fio: str, files: str, size: int, *, rw: str, block: int, depth: int, seconds: float, huge: bool = True
+) -> tuple[list[str], str]:
+    """A timed fio ``O_DIRECT`` io_uring read job (``rw``: ``read``/``randread``) and words for its buffers.
+
+    ``files`` is fio's ``--filename`` (``a:b`` cycles over several); ``huge``
+    asks for huge-page buffers (used when enough are reserved, see :func:`fio_memory`).
+    """
+    memory, words = fio_memory(block, depth) if huge else ([], "4 KiB-page buffers")
+    cmd = [fio, "--name=ceiling", f"--filename={files}", f"--size={size}", "--direct=1", "--readonly",
+           f"--rw={rw}", f"--bs={block}", "--ioengine=io_uring", f"--iodepth={depth}", "--time_based",
+           f"--runtime={max(1, round(seconds))}", "--output-format=json", *memory]  # fmt: skip
+    return cmd, words
+
+
+def block_limits(path: Path) -> dict[str, Any]:
+    """The request limits of the block device under ``path`` and the THP mode (what splits large requests)."""
+    out: dict[str, Any] = {}
+    try:
+        st = os.stat(path)
+        queue = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        queue = queue / "queue" if (queue / "queue").exists() else queue / ".." / "queue"  # a partition: its disk
+        for name in ("max_segments", "max_segment_size", "max_sectors_kb", "scheduler"):
+            if (queue / name).exists():
+                text = (queue / name).read_text().strip()
+                out[name] = int(text) if text.isdigit() else text
+        out["device"] = queue.resolve().parent.name
+    except OSError:
+        pass
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists():
+        out["transparent_hugepage"] = thp.read_text().strip()
+    return out
 
 
 def find_fio(given: str | None) -> str | None:
@@ -39,8 +117,9 @@ def _block(size: int) -> int:
     return max(4096, min(BLOCK, size // 4096 * 4096))
 
 
-def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> float:
+def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> tuple[float, str]:
     last: subprocess.CalledProcessError | None = None
+    memory, words = fio_memory(_block(size), 16)
     for engine in ("io_uring", "libaio", "psync"):
         cmd = [
             fio,
@@ -55,6 +134,7 @@ def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> float:
             "--time_based",
             f"--runtime={max(1, round(seconds))}",
             "--output-format=json",
+            *memory,
         ]
         if rw == "read":
             cmd.append("--readonly")
@@ -64,7 +144,7 @@ def _fio(fio: str, path: Path, size: int, rw: str, seconds: float) -> float:
             last = exc
             continue
         job = json.loads(out[out.index("{") :])["jobs"][0]
-        return float(job["read" if rw == "read" else "write"]["bw_bytes"])
+        return float(job["read" if rw == "read" else "write"]["bw_bytes"]), words
     assert last is not None
     raise last
 
@@ -99,7 +179,8 @@ def _threaded(path: Path, size: int, write: bool, seconds: float) -> float:
 def read_ceiling(path: Path, size: int, fio: str | None, seconds: float = 2.0) -> tuple[float, str]:
     """Sequential ``O_DIRECT`` read rate of ``path``'s first ``size`` bytes (bytes/s, how measured)."""
     if fio:
-        return _fio(fio, path, size, "read", seconds), "fio seq read O_DIRECT 4 MiB QD16, same file, same run"
+        rate, words = _fio(fio, path, size, "read", seconds)
+        return rate, f"fio seq read O_DIRECT 4 MiB QD16, {words}, same file, same run"
     rate = _threaded(path, size, False, seconds)
     return rate, "8-thread 4 MiB O_DIRECT preadv sequential read, same file, same run"
 
@@ -109,8 +190,8 @@ def write_ceiling(directory: Path, size: int, fio: str | None, seconds: float = 
     path = directory / "ceiling-write.bin"
     try:
         if fio:
-            rate = _fio(fio, path, size, "write", seconds)
-            return rate, "fio seq write O_DIRECT 4 MiB QD16, same folder, same run"
+            rate, words = _fio(fio, path, size, "write", seconds)
+            return rate, f"fio seq write O_DIRECT 4 MiB QD16, {words}, same folder, same run"
         rate = _threaded(path, size, True, seconds)
         return rate, "8-thread 4 MiB O_DIRECT pwritev sequential write + fsync, same folder, same run"
     finally:
@@ -133,25 +214,13 @@ def read_ceiling_files(
     block = _block(min(p.stat().st_size for p in paths))
     size = min(p.stat().st_size for p in paths) // block * block
     if fio:
-        cmd = [
-            fio,
-            "--name=ceiling",
-            "--filename=" + ":".join(str(p) for p in paths),
-            f"--size={size * len(paths)}",
-            "--direct=1",
-            "--readonly",
-            "--rw=read",
-            f"--bs={block}",
-            "--ioengine=io_uring",
-            f"--iodepth={queue_depth}",
-            "--time_based",
-            f"--runtime={max(1, round(seconds))}",
-            "--output-format=json",
-        ]
+        files = ":".join(str(p) for p in paths)
+        cmd, words = fio_read_cmd(fio, files, size * len(paths), rw="read", block=block, depth=queue_depth,
+                                  seconds=seconds)  # fmt: skip
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         rate = float(json.loads(out[out.index("{") :])["jobs"][0]["read"]["bw_bytes"])
         return rate, (
-            f"fio io_uring O_DIRECT {block >> 10} KiB sequential reads at iodepth {queue_depth} cycling over "
+            f"fio io_uring O_DIRECT {block >> 10} KiB sequential reads at iodepth {queue_depth}, {words}, cycling over "
             f"the benchmark's {len(paths)} files ({size * len(paths) / 1e6:.0f} MB), {max(1, round(seconds))} s, "
             "same run"
         )
