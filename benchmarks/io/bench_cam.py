@@ -16,18 +16,26 @@ bytes, then ``--work`` rounds of ``tanh(x @ W)`` on the rows' first 1024 bytes a
   the compute).
 
 The ceiling is batches / max(IO-only time, compute-only time), both measured
-in the same run (IO-only: the same gathers with nothing else; compute-only:
-the same matmuls on resident rows). The last batch of each path is checked
-byte for byte against the file. With ``--device cpu`` the same code runs with
-host stores and waits (the numbers then say little).
+in the same run (IO-only: the same gathers of the same row ids with nothing
+else; compute-only: the same matmuls on resident rows). The four passes run
+``--repeats`` times in a rotating order and the figures are medians; each
+pass's times are in ``metrics`` with their spread, and ``metrics.verdict``
+says whether one path is faster beyond that spread (its slowest repetition
+faster than the other's fastest) or the difference is inside the noise. The
+file is fsynced and dropped from the page cache before the first pass, so no
+pass pays for the writeback of another's rows. The last batch of each path is
+checked byte for byte against the file. With ``--device cpu`` the same code
+runs with host stores and waits (the numbers then say little).
 
-Usage: python benchmarks/io/bench_cam.py --device cuda --file-size 1G --rows 1024 --batches 64
+Usage: python benchmarks/io/bench_cam.py --device cuda --file-size 1G --rows 1024 --batches 64 --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -43,11 +51,14 @@ from carina.io.workload import parse_size
 
 
 def make_file(path: Path, size: int) -> None:
-    """Random bytes, written in 64 MiB pieces."""
+    """Random bytes, written in 64 MiB pieces, fsynced and dropped from the page cache."""
     rng = np.random.default_rng(1)
     with open(path, "wb") as f:
         for _ in range(0, size, 64 << 20):
             f.write(rng.integers(0, 256, min(64 << 20, size), dtype=np.uint8).tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 class Batches:
@@ -143,14 +154,14 @@ def host_initiated(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Ten
 
 
 def io_only(eng: IOEngine, h: Any, args: argparse.Namespace, nrows: int) -> float:
+    """The gathers alone, of the same row ids as the two paths (made on the device, read back before timing)."""
+    batches = Batches(args, nrows)
+    ids = [batches.ids().cpu().numpy() * args.row_bytes for _ in range(args.batches)]
     bufs = [aligned_buffer(args.rows * args.row_bytes) for _ in range(args.ahead + 1)]
-    rng = np.random.default_rng(2)
     t0 = time.perf_counter()
     futs = []
     for i in range(args.batches):
-        futs.append(
-            eng.gather(h, rng.integers(0, nrows, args.rows) * args.row_bytes, args.row_bytes, bufs[i % len(bufs)])
-        )
+        futs.append(eng.gather(h, ids[i], args.row_bytes, bufs[i % len(bufs)]))
         if len(futs) > args.ahead:
             futs.pop(0).result()
     for f in futs:
@@ -177,6 +188,48 @@ def check(path: Path, res: dict[str, Any], rb: int) -> bool:
     return bool(np.array_equal(got.numpy(), want))
 
 
+PASSES = ("io_only", "compute_only", "gpu_initiated", "host_initiated")
+
+
+def run_passes(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor, path: Path) -> dict[str, Any]:
+    """``--repeats`` rounds of the four passes, the order rotated every round; every time kept."""
+    nrows = h.size // args.row_bytes
+    walls: dict[str, list[float]] = {name: [] for name in PASSES}
+    last: dict[str, dict[str, Any]] = {}
+    for rep in range(args.repeats):
+        for name in PASSES[rep % 4 :] + PASSES[: rep % 4]:
+            if name == "io_only":
+                walls[name].append(io_only(eng, h, args, nrows))
+            elif name == "compute_only":
+                walls[name].append(compute_only(args, w, path))
+            else:
+                last[name] = (gpu_initiated if name == "gpu_initiated" else host_initiated)(eng, h, args, w, nrows)
+                walls[name].append(last[name].pop("wall_s"))
+    r: dict[str, Any] = {
+        name: {
+            "wall_s": walls[name],
+            "median_s": statistics.median(walls[name]),
+            "spread": (max(walls[name]) - min(walls[name])) / statistics.median(walls[name]),
+        }
+        for name in PASSES
+    }
+    for name in ("gpu_initiated", "host_initiated"):
+        r[name].update(last[name])
+    return r
+
+
+def verdict(r: dict[str, Any]) -> str:
+    """Which path is faster beyond the spread of its repetitions, or ``inside noise``."""
+    gpu, host = r["gpu_initiated"]["wall_s"], r["host_initiated"]["wall_s"]
+    if len(gpu) < 2:
+        return "one repetition: no spread to judge by"
+    if max(gpu) < min(host):
+        return "gpu_initiated faster beyond noise"
+    if max(host) < min(gpu):
+        return "host_initiated faster beyond noise"
+    return "inside noise"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -187,12 +240,12 @@ def main() -> None:
     p.add_argument("--ahead", type=int, default=2, help="batches requested in advance")
     p.add_argument("--work", type=int, default=8, help="tanh(x @ W) rounds per batch")
     p.add_argument("--queue-depth", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="rounds of the four passes (medians reported)")
     p.add_argument("--dir", type=Path, default=None)
     p.add_argument("--name", default="io_cam")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     size = parse_size(args.file_size) // args.row_bytes * args.row_bytes
-    nrows = size // args.row_bytes
     work = Path(tempfile.mkdtemp(prefix="carina-cam-", dir=args.dir))
     path = work / "rows.bin"
     try:
@@ -201,13 +254,8 @@ def main() -> None:
         w = torch.randn(width, width, device=args.device) / width**0.5
         with IOEngine(IOConfig(backend="auto", queue_depth=args.queue_depth)) as eng:
             h = eng.open(path, "r")
-            io_only(eng, h, args, nrows)  # warm-up
-            r: dict[str, Any] = {
-                "io_only_s": io_only(eng, h, args, nrows),
-                "compute_only_s": compute_only(args, w, path),
-            }
-            r["gpu_initiated"] = gpu_initiated(eng, h, args, w, nrows)
-            r["host_initiated"] = host_initiated(eng, h, args, w, nrows)
+            io_only(eng, h, args, size // args.row_bytes)  # warm-up (reads the same rows as every pass)
+            r = run_passes(eng, h, args, w, path)
             r["backend"] = eng.backend.name
         r["gpu_initiated"]["rows_equal"] = check(path, r["gpu_initiated"], args.row_bytes)
         r["host_initiated"]["rows_equal"] = check(path, r["host_initiated"], args.row_bytes)
@@ -215,19 +263,23 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     if not (r["gpu_initiated"]["rows_equal"] and r["host_initiated"]["rows_equal"]):
         sys.exit("rows differ from the file")
+    r["io_only_s"], r["compute_only_s"] = r["io_only"]["median_s"], r["compute_only"]["median_s"]
     r["bound_s"] = max(r["io_only_s"], r["compute_only_s"])
-    per_s = args.batches / r["gpu_initiated"]["wall_s"]
+    r["verdict"] = verdict(r)
+    per_s = args.batches / r["gpu_initiated"]["median_s"]
+    host_per_s = args.batches / r["host_initiated"]["median_s"]
     print(
-        f"gpu-initiated {per_s:.1f} batches/s, host-initiated {args.batches / r['host_initiated']['wall_s']:.1f}, "
-        f"bound {args.batches / r['bound_s']:.1f}"
+        f"gpu-initiated {per_s:.1f} batches/s (spread {r['gpu_initiated']['spread']:.1%}), host-initiated "
+        f"{host_per_s:.1f} (spread {r['host_initiated']['spread']:.1%}), bound {args.batches / r['bound_s']:.1f}; "
+        f"{r['verdict']}"
     )
     fig = Figure(
         name="gpu_initiated_gather",
         value=per_s,
         unit="batches/s",
         ceiling=args.batches / r["bound_s"],
-        ceiling_source="batches / max(IO-only gathers, compute-only matmuls), same run",
-        peers={"host_initiated_gather": args.batches / r["host_initiated"]["wall_s"]},
+        ceiling_source=f"batches / max(IO-only gathers, compute-only matmuls), medians of {args.repeats}, same run",
+        peers={"host_initiated_gather": host_per_s},
     )
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("dir", "out")}
     record = make_record(
@@ -235,7 +287,8 @@ def main() -> None:
         figures=[fig],
         config=cfg,
         metrics=r,
-        notes="batch = rows random rows of row_bytes, then work rounds of tanh(x @ W).",
+        notes="batch = rows random rows of row_bytes, then work rounds of tanh(x @ W); medians of --repeats rounds "
+        "of the four passes in rotating order; metrics.<pass>.wall_s holds every round, spread = (max - min) / median.",
     )
     print(write_record(record, directory=args.out))
 

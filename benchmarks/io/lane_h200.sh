@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# carina.io on the H200 machine. HARD TIME BUDGET: BUDGET_S (default 240 s) of run time in all; give the lane
-# a limit of at least BUDGET_S + 10 s (benchmarks/h100_combined.sh io=benchmarks/io/lane_h200.sh:250).
+# carina.io on the H200 machine. HARD TIME BUDGET: BUDGET_S (default 300 s) of run time in all; give the lane
+# a limit of at least BUDGET_S + 10 s (benchmarks/h100_combined.sh io=benchmarks/io/lane_h200.sh:310).
 # Each step runs under `timeout` with min(its maximum, what is left) and is SKIPPED when less than its
 # minimum is left, so a step never starts that cannot finish. Each step writes its own record straight into
 # $OUT/io/ the moment it ends and prints its key figures to the log.
@@ -10,29 +10,36 @@
 #   2. gemm_bf16 (45/30): out-of-core GEMM n=12288 tile 4096 bf16 (A+B 0.6 GB against a 352 MB device
 #      budget), synchronous peer in the record, ceiling = fio direct=1 on the same two files -> io_gemm_bf16_h200
 #   3. gemm_tf32 (50/35): the same in fp32 operands with TF32 matmuls (1.2 GB against 512 MB) -> io_gemm_tf32_h200
-#   4. cam (35/25): GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32
-#      release) against host-initiated gathers, 64 batches of 1024 rows of 4 KiB -> io_cam_h200
-#   5. kvikio (30/10): the kvikio backend's conformance tests and 1 MiB reads vs fio, from the wheels in
+#   4. cam (50/35): GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32
+#      release) against host-initiated gathers, 64 batches of 1024 rows of 4 KiB, 5 rounds of the four passes
+#      (medians, every round kept, verdict beyond/inside noise) -> io_cam_h200
+#   5. fio_buffers (25/18, needs fio): fio with 4 KiB-page against huge-page buffers, 1 MiB / 4 MiB / 4 KiB reads,
+#      device requests per read and the disk's limits (why the session-5 ceilings read low) -> io_fio_buffers_h200
+#   6. kvikio (30/10): the kvikio backend's conformance tests and 1 MiB reads vs fio, from the wheels in
 #      $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh) -> io_kvikio_h200, or a log line saying absent
-#   6. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
+#   7. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
 #      and 1 MiB QD32 -> io_randread_posix_h200.json
-#   7. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
+#   8. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
 #      reads submitted at once, fio in whole-queue convoys vs its staggered loop at QD32 -> io_batching_h200.json
-#   8. sort (rest, >= 25): external sort, no synchronous peer, the largest of 16/8/4/2/1 GB (budget a quarter)
+#   9. sort (rest, >= 25): external sort, no synchronous peer, the largest of 16/8/4/2/1 GB (budget a quarter)
 #      that the time left and the free disk allow (about 9 s per GB) -> io_sort_h200
 # fio: $CARRY/bin/fio (a static fio 3.33 built from Debian 12's source by fetch_h200_carry.sh), else fio on
 # PATH, else none: step 1 then has no ceiling, 2 and 6 use threaded O_DIRECT reads.
+# Huge pages: HUGEPAGES (default 160 x 2 MiB) are reserved in /proc/sys/vm/nr_hugepages for fio's buffers
+# (--iomem=mmaphuge; carina's large buffers are transparent huge pages) and the old value is restored at the
+# end; HUGEPAGES=0 reserves none (fio then uses 4 KiB pages and every ceiling_source says so).
 # Files in $OUT/io/ (at most 10): one <record>.json per step that finished, io_lane.log (all output).
 # Usage (repository root): OUT=<dir> bash benchmarks/io/lane_h200.sh ; carry: .carry-io
 # CPU proof: DEVICE=cpu PYTHON=.venv/bin/python OUT=/tmp/io_out bash benchmarks/io/lane_h200.sh
 set -uo pipefail
 : "${OUT:?set OUT}"
-BUDGET_S=${BUDGET_S:-240}
+BUDGET_S=${BUDGET_S:-300}
 DEVICE=${DEVICE:-cuda}
 SCRATCH=${SCRATCH:-.}
 PYTHON=${PYTHON:-python3}
 CARRY=${CARRY:-.carry-io}
 TAG=${GPU_TAG:-h200}
+HUGEPAGES=${HUGEPAGES:-160}
 [ "$DEVICE" = cpu ] && TAG=cpuproof  # record names say what made them
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 REC="$OUT/io"
@@ -40,6 +47,11 @@ mkdir -p "$REC"
 LOG="$REC/io_lane.log"
 exec > >(tee "$LOG") 2>&1
 start=$(date +%s)
+hp_before=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 0)
+if [ "$HUGEPAGES" -gt "$hp_before" ] && { echo "$HUGEPAGES" > /proc/sys/vm/nr_hugepages; } 2>/dev/null; then
+  trap 'echo "$hp_before" > /proc/sys/vm/nr_hugepages' EXIT
+fi
+echo "huge pages for fio: $(awk '/HugePages_Free/ {print $2}' /proc/meminfo) free (asked $HUGEPAGES, was $hp_before)"
 left() { echo $((BUDGET_S - ($(date +%s) - start))); }
 step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipped when < MIN_S are left
   local name=$1 min=$2 max=$3; shift 3
@@ -54,7 +66,8 @@ step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipp
 if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
   PAIRS="--size 64M --cases rand4K@32,rand4K@128,seq1M@32 --pairs 1 --seconds 1"
   GEMM="--n 512 --tile 128 --ceiling-seconds 1"
-  CAM="--file-size 16M --rows 128 --batches 8 --work 2"
+  CAM="--file-size 16M --rows 128 --batches 8 --work 2 --repeats 2"
+  FIOBUF="--size 64M --pairs 1 --seconds 1"
   KVREAD="--size 32M --cases seq1M@32 --pairs 1 --seconds 1"
   POSIX="--size 64M --cases rand4K@32,seq1M@32 --pairs 1 --seconds 1"
   BATCH="--size 64M --pairs 1 --trials 2"
@@ -62,7 +75,8 @@ if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
 else
   PAIRS="--size 1G --cases rand4K@32,rand4K@128,seq1M@32 --pairs 4 --seconds 1"
   GEMM="--n 12288 --tile 4096 --ceiling-seconds 2"
-  CAM="--file-size 512M --rows 1024 --batches 64 --work 200"
+  CAM="--file-size 512M --rows 1024 --batches 64 --work 200 --repeats 5"
+  FIOBUF="--size 1G --pairs 2 --seconds 1"
   KVREAD="--size 1G --cases seq1M@32 --pairs 2 --seconds 1"
   POSIX="--size 1G --cases rand4K@32,seq1M@32 --pairs 2 --seconds 1"
   BATCH="--size 1G --pairs 4 --trials 8"
@@ -92,8 +106,14 @@ step gemm_bf16 30 45 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $G
 step gemm_tf32 35 50 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $GEMM --dtypes fp32 --dir "$SCRATCH" \
   "${FIOARG[@]}" --name "io_gemm_tf32_$TAG" --out "$REC"
 # shellcheck disable=SC2086
-step cam 25 35 env CUDA_MODULE_LOADING=EAGER "$PYTHON" benchmarks/io/bench_cam.py --device "$DEVICE" $CAM \
+step cam 35 50 env CUDA_MODULE_LOADING=EAGER "$PYTHON" benchmarks/io/bench_cam.py --device "$DEVICE" $CAM \
   --dir "$SCRATCH" --name "io_cam_$TAG" --out "$REC"
+
+if [ -n "$FIO" ]; then
+  # shellcheck disable=SC2086
+  step fio_buffers 18 25 "$PYTHON" benchmarks/io/bench_fio_buffers.py $FIOBUF --dir "$SCRATCH" --fio "$FIO" \
+    --name "io_fio_buffers_$TAG" --out "$REC"
+else echo "== fio_buffers: SKIPPED (no fio)"; fi
 
 kvikio_step() {  # the kvikio backend: conformance, then 1 MiB reads against fio, from wheels in $CARRY/whl
   if ! ls "$CARRY"/whl/kvikio_*.whl >/dev/null 2>&1; then echo "kvikio: ABSENT (no wheels in $CARRY/whl): skipped"; return 0; fi
@@ -101,7 +121,7 @@ kvikio_step() {  # the kvikio backend: conformance, then 1 MiB reads against fio
   for w in "$CARRY"/whl/*.whl; do "$PYTHON" -m zipfile -e "$w" "$T" || return 1; done  # a wheel is a zip: no pip
   export PYTHONPATH="$PYTHONPATH:$T" LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$T/libkvikio/lib64:$T/rapids_logger/lib64"
   "$PYTHON" -c "from carina.io.backends.kvikio import KvikioBackend as K; print('kvikio backend reasons:', K.probe_reasons())"
-  "$PYTHON" -m pytest -q -p no:cacheprovider tests/io/test_io_kvikio.py 2>&1 | tail -5
+  "$PYTHON" -m pytest -q -p no:cacheprovider --tb=line -rfE tests/io/test_io_kvikio.py 2>&1 | tail -30
   if ! "$PYTHON" -c "import sys; from carina.io.backends.kvikio import KvikioBackend as K; sys.exit(bool(K.probe_reasons()))"; then
     echo "kvikio: backend unavailable here: no read bench"; rm -rf "$T"; return 0; fi
   # shellcheck disable=SC2086

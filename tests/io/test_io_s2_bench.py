@@ -34,9 +34,13 @@ def _run(script: str, *args: str, tmp_path: Path) -> dict:
 
 def test_cam_benchmark_checks_both_paths_on_cpu(tmp_path: Path) -> None:
     rec = _run("bench_cam.py", "--device", "cpu", "--file-size", "4M", "--rows", "64", "--batches", "5",
-               "--work", "1", tmp_path=tmp_path)  # fmt: skip
+               "--work", "1", "--repeats", "2", tmp_path=tmp_path)  # fmt: skip
     m = rec["metrics"]
     assert m["gpu_initiated"]["rows_equal"] and m["host_initiated"]["rows_equal"]
+    for name in ("io_only", "compute_only", "gpu_initiated", "host_initiated"):  # every round kept, medians used
+        assert len(m[name]["wall_s"]) == 2 and m[name]["median_s"] == sum(m[name]["wall_s"]) / 2
+    assert m["bound_s"] == max(m["io_only"]["median_s"], m["compute_only"]["median_s"])
+    assert m["verdict"] in ("inside noise", "gpu_initiated faster beyond noise", "host_initiated faster beyond noise")
     assert m["gpu_initiated"]["stats"]["posted"] == m["gpu_initiated"]["stats"]["served"] == 5
     assert m["gpu_initiated"]["out_sum"] == m["host_initiated"]["out_sum"]  # same rows, same compute
     assert rec["figures"][0]["peers"].keys() == {"host_initiated_gather"}
@@ -90,13 +94,37 @@ def test_transcribed_records_hold_the_printed_pairs_and_their_medians(tmp_path: 
 def test_device_script_skips_steps_that_cannot_finish_in_the_budget(tmp_path: Path) -> None:
     root = BENCH.parents[1]
     env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "12", "OUT": str(tmp_path), "PYTHON": sys.executable,
-           "CARRY": str(tmp_path / "no-carry"), "FIO": ""}  # fmt: skip
+           "CARRY": str(tmp_path / "no-carry"), "FIO": "", "HUGEPAGES": "0"}  # fmt: skip
     proc = subprocess.run(["bash", str(BENCH / "lane_h200.sh")], cwd=root, env=env, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name, need in [("pairs", 30), ("gemm_bf16", 30), ("gemm_tf32", 35), ("cam", 25), ("pairs_posix", 15)]:
+    for name, need in [("pairs", 30), ("gemm_bf16", 30), ("gemm_tf32", 35), ("cam", 35), ("pairs_posix", 15)]:
         assert f"== {name}: SKIPPED" in proc.stdout and f"needs {need} s" in proc.stdout
     assert "kvikio: ABSENT (no wheels" in proc.stdout  # the one step that fits ran
     assert "== sort: SKIPPED" in proc.stdout and "fio: NOT INSTALLED" in proc.stdout
-    assert "== batching: SKIPPED (no fio)" in proc.stdout
+    assert "== batching: SKIPPED (no fio)" in proc.stdout and "== fio_buffers: SKIPPED (no fio)" in proc.stdout
+    assert "huge pages for fio: " in proc.stdout and "(asked 0, " in proc.stdout  # HUGEPAGES=0: nothing reserved
     assert (tmp_path / "io" / "io_lane.log").read_text() == proc.stdout
+
+
+def test_cam_verdict_needs_the_two_ranges_apart() -> None:
+    cam = importlib.import_module("bench_cam")
+
+    def rec(gpu: list[float], host: list[float]) -> dict:
+        return {"gpu_initiated": {"wall_s": gpu}, "host_initiated": {"wall_s": host}}
+
+    assert cam.verdict(rec([1.0, 1.1], [1.2, 1.3])) == "gpu_initiated faster beyond noise"
+    assert cam.verdict(rec([1.0, 1.25], [1.2, 1.3])) == "inside noise"  # overlapping ranges
+    assert cam.verdict(rec([1.4, 1.5], [1.2, 1.3])) == "host_initiated faster beyond noise"
+    assert cam.verdict(rec([1.0], [2.0])).startswith("one repetition")
+
+
+def test_fio_uses_huge_page_buffers_only_when_enough_are_free(tmp_path: Path) -> None:
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal: 100 kB\nHugePages_Free:      66\nHugepagesize:       2048 kB\n")
+    assert ceiling.fio_memory(4 << 20, 32, info) == (["--iomem=mmaphuge"], "2 MiB huge-page buffers")  # 64 + 2
+    args, words = ceiling.fio_memory(4 << 20, 33, info)
+    assert args == [] and words.startswith("4 KiB-page buffers")
+    cmd, words = ceiling.fio_read_cmd("fio", "a:b", 1 << 20, rw="read", block=1 << 20, depth=4, seconds=1, huge=False)
+    assert "--iomem=mmaphuge" not in cmd and "--bs=1048576" in cmd and "--filename=a:b" in cmd
+    assert words == "4 KiB-page buffers"
