@@ -128,3 +128,23 @@ def test_fio_uses_huge_page_buffers_only_when_enough_are_free(tmp_path: Path) ->
     cmd, words = ceiling.fio_read_cmd("fio", "a:b", 1 << 20, rw="read", block=1 << 20, depth=4, seconds=1, huge=False)
     assert "--iomem=mmaphuge" not in cmd and "--bs=1048576" in cmd and "--filename=a:b" in cmd
     assert words == "4 KiB-page buffers"
+
+
+def test_goal_rows_follow_from_the_committed_h200_records() -> None:
+    rc = importlib.import_module("recompute_h200")
+    recs = {k: json.loads((rc.RESULTS / f"io_{k}_h200.json").read_text()) for k in ("randread", "gemm_bf16", "sort",
+                                                                                     "cam")}  # fmt: skip
+    rows = {r["goal"].split(" ")[0]: r for r in rc.goals(recs)}
+    assert rows["rand_read_4KiB_qd32"]["status"].startswith("met") and rows["rand_read_4KiB_qd32"]["ratio"] > 0.9
+    assert rows["seq_read_1024KiB_qd32"]["status"].startswith("unmeasured: the ceiling is below")  # 144% of "fio"
+    assert rows["gemm_bf16_tflops"]["status"].startswith("unmeasured")
+    assert "A+B 604 MB vs budget 369 MB" in rows["gemm_bf16_tflops"]["size_vs_budget"]
+    assert (
+        rows["external"]["size_vs_budget"] == "8 GiB vs budget 2 GiB (4.0x)" and rows["external"]["status"][:3] == "met"
+    )
+    assert rows["faster"]["status"].startswith("inside noise: one repetition") and "0.7%" in rows["faster"]["status"]
+    recs["sort"]["metrics"]["budget"] *= 2  # data only 2x its budget: the goal's size condition fails
+    recs["gemm_bf16"]["metrics"]["bf16"]["device_budget_bytes"] = 10**9  # tiles fit the budget
+    rows = {r["goal"].split(" ")[0]: r for r in rc.goals(recs)}
+    assert rows["external"]["status"] == "not met: data 2.0x the budget (< 4x)"
+    assert rows["gemm_bf16_tflops"]["status"] == "not met: the tiles fit the device budget"

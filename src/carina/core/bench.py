@@ -59,6 +59,7 @@ class Basis(enum.Enum):
     EMULATED = "emulated"  # real code, emulated hardware (e.g. a fake CC-mode GPU)
     SIMULATED = "simulated"  # a simulator stands in for the system
     MODELED = "modeled"  # an analytical model's prediction
+    DERIVED = "derived"  # computed from other committed records, no new measurement
 
 
 @dataclass(kw_only=True)
@@ -73,7 +74,7 @@ class Figure:
         ceiling: The physical limit for this figure on this machine, if known.
         ceiling_source: Where the ceiling comes from (a measurement, a spec sheet).
         peers: Peer system name to its value, measured in the same run.
-        basis: Measured, emulated, simulated or modeled.
+        basis: Measured, emulated, simulated, modeled or derived (from other records).
     """
 
     name: str
