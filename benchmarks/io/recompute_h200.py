@@ -38,7 +38,8 @@ def pairs_rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     backend = rec["config"]["backend"]
     for fig in rec["figures"]:
-        case = rec["metrics"]["qd" + fig["name"].split("_qd")[1] if "4KiB" in fig["name"] else fig["name"]]
+        rand = fig["name"].startswith("rand_read_4KiB_")
+        case = rec["metrics"]["qd" + fig["name"].split("_qd")[1] if rand else fig["name"]]
         per_pair = [t["carina"]["bytes_per_s"] / t["fio"]["bytes_per_s"] for t in case["trials"]]
         cores = max(t["carina"]["cores"] for t in case["trials"])
         status = _ratio_status(fig["ratio_to_ceiling"], 0.9, fig["ceiling_source"])
