@@ -94,7 +94,8 @@ def gpu_initiated(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tens
     with CamGather(eng, h, CamConfig(row_bytes=rb, max_rows=args.rows, slots=slots, device=dev)) as cam:
         sync(dev)
         t0 = time.perf_counter()
-        queue, last_ids = [], None
+        queue: list[tuple[Any, torch.Tensor]] = []
+        last_ids = None
         for i in range(args.batches):
             while len(queue) <= args.ahead and i + len(queue) < args.batches:
                 ids = batches.ids()

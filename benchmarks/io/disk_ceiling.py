@@ -160,7 +160,7 @@ def _threaded(path: Path, size: int, write: bool, seconds: float) -> float:
     call = os.pwritev if write else os.preadv
 
     def one(job: tuple[int, int]) -> int:
-        return call(fd, [bufs[job[0] % 8]], (job[1] % blocks) * block)
+        return call(fd, [memoryview(bufs[job[0] % 8])], (job[1] % blocks) * block)
 
     done, t0, turn = 0, time.perf_counter(), 0
     try:
@@ -240,7 +240,7 @@ def _threaded_files(paths: list[Path], size: int, block: int, threads: int, seco
         buf, done = aligned_buffer(block), 0
         while time.perf_counter() < stop:
             n = next(counter) % blocks
-            done += os.preadv(fds[n % len(fds)], [buf], (n // len(fds)) * block)
+            done += os.preadv(fds[n % len(fds)], [memoryview(buf)], (n // len(fds)) * block)
         return done
 
     t0 = time.perf_counter()
