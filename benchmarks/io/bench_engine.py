@@ -36,6 +36,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disk_ceiling import fio_read_cmd
+
 from carina.core.bench import Figure, make_record, write_record
 from carina.io import IOConfig, IOEngine, aligned_buffer, drop_cache
 from carina.io.workload import Access, fill_file, parse_size, run_case
@@ -44,24 +47,10 @@ CASES = [("seq", 1 << 20, 32), ("rand", 4096, 32), ("rand", 4096, 128), ("rand",
 
 
 def fio_case(fio: str, path: Path, size: int, access: str, block: int, qd: int, seconds: float) -> dict[str, float]:
-    """fio's read rate on ``path`` for one case (O_DIRECT, io_uring)."""
-    cmd = [
-        fio,
-        "--name=ceiling",
-        f"--filename={path}",
-        f"--size={size}",
-        "--direct=1",
-        "--readonly",
-        f"--rw={'read' if access == 'seq' else 'randread'}",
-        f"--bs={block}",
-        "--ioengine=io_uring",
-        f"--iodepth={qd}",
-        "--time_based",
-        f"--runtime={max(1, int(seconds))}",
-        "--output-format=json",
-    ]
-    out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-    job = out["jobs"][0]
+    """fio's read rate on ``path`` for one case (O_DIRECT, io_uring, huge-page buffers where reserved)."""
+    rw = "read" if access == "seq" else "randread"
+    cmd, _ = fio_read_cmd(fio, str(path), size, rw=rw, block=block, depth=qd, seconds=int(seconds))
+    job = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["jobs"][0]
     return {
         "bytes_per_s": float(job["read"]["bw_bytes"]),
         "iops": float(job["read"]["iops"]),
