@@ -16,7 +16,8 @@
 #   5. fio_buffers (25/18, needs fio): fio with 4 KiB-page against huge-page buffers, 1 MiB / 4 MiB / 4 KiB reads,
 #      device requests per read and the disk's limits (why the session-5 ceilings read low) -> io_fio_buffers_h200
 #   6. kvikio (40/10): the kvikio backend's conformance tests against real KvikIO (the stand-in class runs in
-#      CI) and 1 MiB reads vs fio, from the wheels in $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh) -> io_kvikio_h200, or a log line saying absent
+#      CI) and 1 MiB reads vs fio, from the wheels in $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh)
+#      -> io_kvikio_h200, or a log line saying absent
 #   7. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
 #      and 1 MiB QD32 -> io_randread_posix_h200.json
 #   8. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
