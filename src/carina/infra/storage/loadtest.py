@@ -256,9 +256,17 @@ def _fill(target: Target, image: Path, block: int) -> dict[str, Any]:
 
 
 def _fio_with_cpu(target: Target, rw: str, block: int, cfg: BenchConfig) -> dict[str, float]:
-    c0 = cpu_seconds(target.proc.pid)
+    """One fio run, with the server's CPU-s per GB and the cores it kept busy.
+
+    The CPU is taken over the whole fio run (ramp included) and divided by the bytes fio timed (ramp
+    excluded), so CPU-s per GB reads high by up to ``(seconds + 1) / seconds`` alike for every system;
+    ``server_cores`` divides the same CPU by the run's wall time.
+    """
+    c0, t0 = cpu_seconds(target.proc.pid), time.perf_counter()
     res = fio(target.url, rw=rw, block=block, cfg=cfg)
-    res["cpu_s_per_gb"] = (cpu_seconds(target.proc.pid) - c0) / max(res["bytes"] / 1e9, 1e-9)
+    cpu = cpu_seconds(target.proc.pid) - c0
+    res["cpu_s_per_gb"] = cpu / max(res["bytes"] / 1e9, 1e-9)
+    res["server_cores"] = cpu / (time.perf_counter() - t0)
     return res
 
 
@@ -273,7 +281,7 @@ def _measure_block(work: Path, image: Path, block: int, cfg: BenchConfig) -> lis
                 for t in targets[k % len(targets) :] + targets[: k % len(targets)]:
                     runs[t.system].append({"load1": os.getloadavg()[0], **_fio_with_cpu(t, rw, block, cfg)})
             for system, got in runs.items():
-                for key in ("mb_s", "iops", "p50_ms", "p99_ms", "cpu_s_per_gb"):
+                for key in ("mb_s", "iops", "p50_ms", "p99_ms", "cpu_s_per_gb", "server_cores"):
                     rows[system][f"{rw}_{key}"] = statistics.median(r[key] for r in got)
                 rows[system][f"{rw}_mb_s_runs"] = [round(r["mb_s"], 2) for r in got]
                 rows[system][f"{rw}_load1_runs"] = [round(r["load1"], 2) for r in got]
