@@ -33,6 +33,18 @@ async def _compress_in_many_submits(engine, n: int, codec: Codec) -> list[list[t
     return await asyncio.gather(*subs)
 
 
+def _decompress_back(pool, got: list[list[tuple[int, int, int]]], blocks: list[bytes]) -> None:
+    """Decompress what ``pool`` compressed (results ``got``) into a third region; every block comes back."""
+    n = len(blocks)
+    flat = [res[0] for res in got]
+    back = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc) for i, (c, ln, crc) in enumerate(flat)]
+    back = [job for job in back if job[3]]
+    assert [ln for _, ln, _ in asyncio.run(pool.run(back))] == [B] * len(back) and len(back) == 12
+    for i, (_, ln, _) in enumerate(flat):
+        if ln:
+            assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
+
+
 @pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
 def test_process_pool_matches_inline_and_coalesces(codec: Codec) -> None:
     blocks = _blocks()
@@ -63,13 +75,7 @@ def test_thread_pool_matches_inline_round_trip(codec: Codec) -> None:
         got = asyncio.run(_compress_in_many_submits(pool, n, codec))
         assert got == ref and pool.batches == 1 and pool.jobs == n
         assert bytes(pool.arena.view[n * B : 2 * n * B]) == bytes(inline.arena.view[n * B : 2 * n * B])
-        flat = [res[0] for res in got]
-        back = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc) for i, (c, ln, crc) in enumerate(flat)]
-        back = [job for job in back if job[3]]
-        assert [ln for _, ln, _ in asyncio.run(pool.run(back))] == [B] * len(back) and len(back) == 12
-        for i, (_, ln, _) in enumerate(flat):
-            if ln:
-                assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
+        _decompress_back(pool, got, blocks)
     finally:
         inline.close()
         pool.close()
@@ -91,12 +97,7 @@ def test_loop_overflow_runs_what_no_idle_worker_takes(kind: EngineKind) -> None:
         assert bytes(pool.arena.view[n * B : 2 * n * B]) == bytes(inline.arena.view[n * B : 2 * n * B])
         # one loop turn, one idle worker: the worker gets half the jobs, the loop runs the other half itself
         assert pool.batches == 1 and pool.jobs == n and pool.loop_pieces == 1
-        flat = [res[0] for res in got]
-        back = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc) for i, (c, ln, crc) in enumerate(flat)]
-        assert [ln for _, ln, _ in asyncio.run(pool.run([j for j in back if j[3]]))] == [B] * 12
-        for i, (_, ln, _) in enumerate(flat):
-            if ln:
-                assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
+        _decompress_back(pool, got, blocks)
     finally:
         inline.close()
         pool.close()
