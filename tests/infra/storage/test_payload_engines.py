@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from carina.core.errors import BackendUnavailable, IOEngineError
+from carina.core.errors import BackendUnavailable, ConfigError, IOEngineError
 from carina.infra.storage.codecs import Codec, Op
-from carina.infra.storage.config import EngineConfig, EngineKind
+from carina.infra.storage.config import EngineConfig, EngineKind, Overflow
 from carina.infra.storage.engines import InlineEngine, ThreadEngine, _split, build_engine
 from carina.infra.storage.procengine import ProcessEngine
 from carina.infra.storage.torch_engine import TorchEngine
@@ -31,6 +31,18 @@ async def _compress_in_many_submits(engine, n: int, codec: Codec) -> list[list[t
     # one submit per block, all in the same loop turn: the engine must coalesce and split them back
     subs = [engine.run([(Op.COMPRESS, codec, i * B, B, (n + i) * B, B, 0)]) for i in range(n)]
     return await asyncio.gather(*subs)
+
+
+def _decompress_back(pool, got: list[list[tuple[int, int, int]]], blocks: list[bytes]) -> None:
+    """Decompress what ``pool`` compressed (results ``got``) into a third region; every block comes back."""
+    n = len(blocks)
+    flat = [res[0] for res in got]
+    back = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc) for i, (c, ln, crc) in enumerate(flat)]
+    back = [job for job in back if job[3]]
+    assert [ln for _, ln, _ in asyncio.run(pool.run(back))] == [B] * len(back) and len(back) == 12
+    for i, (_, ln, _) in enumerate(flat):
+        if ln:
+            assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
 
 
 @pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
@@ -63,16 +75,43 @@ def test_thread_pool_matches_inline_round_trip(codec: Codec) -> None:
         got = asyncio.run(_compress_in_many_submits(pool, n, codec))
         assert got == ref and pool.batches == 1 and pool.jobs == n
         assert bytes(pool.arena.view[n * B : 2 * n * B]) == bytes(inline.arena.view[n * B : 2 * n * B])
-        flat = [res[0] for res in got]
-        back = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc) for i, (c, ln, crc) in enumerate(flat)]
-        back = [job for job in back if job[3]]
-        assert [ln for _, ln, _ in asyncio.run(pool.run(back))] == [B] * len(back) and len(back) == 12
-        for i, (_, ln, _) in enumerate(flat):
-            if ln:
-                assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
+        _decompress_back(pool, got, blocks)
     finally:
         inline.close()
         pool.close()
+
+
+@pytest.mark.parametrize("kind", [EngineKind.THREAD, EngineKind.PROCESS])
+def test_loop_overflow_runs_what_no_idle_worker_takes(kind: EngineKind) -> None:
+    blocks = _blocks()
+    n = len(blocks)
+    inline = InlineEngine(4 * n * B)
+    cfg = EngineConfig(kind=kind, workers=1, overflow=Overflow.LOOP)
+    pool = build_engine(cfg, arena_bytes=4 * n * B, codec=Codec.ZLIB)
+    try:
+        for engine in (inline, pool):
+            _fill(engine, blocks)
+        ref = asyncio.run(_compress_in_many_submits(inline, n, Codec.ZLIB))
+        got = asyncio.run(_compress_in_many_submits(pool, n, Codec.ZLIB))
+        assert got == ref
+        assert bytes(pool.arena.view[n * B : 2 * n * B]) == bytes(inline.arena.view[n * B : 2 * n * B])
+        # one loop turn, one idle worker: the worker gets half the jobs, the loop runs the other half itself
+        assert pool.batches == 1 and pool.jobs == n and pool.loop_pieces == 1
+        _decompress_back(pool, got, blocks)
+    finally:
+        inline.close()
+        pool.close()
+
+
+def test_loop_overflow_is_only_for_the_cpu_pools() -> None:
+    with pytest.raises(ConfigError, match="overflow"):
+        EngineConfig(kind=EngineKind.INLINE, overflow=Overflow.LOOP)
+    queue = ThreadEngine(4 * B, workers=1)
+    try:
+        asyncio.run(queue.run([(Op.COMPRESS, Codec.ZLIB, 0, B, B, B, 0), (Op.COMPRESS, Codec.ZLIB, 0, B, 2 * B, B, 0)]))
+        assert queue.loop_pieces == 0 and queue.batches == 1
+    finally:
+        queue.close()
 
 
 def test_split_cuts_batches_into_worker_pieces() -> None:

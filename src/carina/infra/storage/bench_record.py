@@ -16,6 +16,7 @@ _PEERS = {
     "nbdkit": "nbdkit-file",
     "process": "carina-process (worker processes)",
     "thread": "carina-thread (codec threads)",
+    "thread-loop": "carina-thread-loop (codec threads + the event loop)",
 }
 
 
@@ -77,14 +78,15 @@ def write_bench_record(
         "all systems run side by side and fio runs are interleaved across them, median of the runs. "
         "Systems: process = "
         "carina tier with the worker-pool engine ({w} workers); thread = the same with {w} codec threads; "
+        "thread-loop = {w1} codec threads and the event loop running what no idle thread takes; "
         "inline = same tier, header and payload in one "
         "process; forward = carina tier with codec raw; nbdkit-file = plain uncompressed NBD server. Data set: ext4 "
         "image with Python sources and shared libraries; fio writes carry 50%-compressible buffers. Load average "
         "during the run: {l0} -> {l1} (other jobs shared the machine)."
     ).format(
         codec=config.codec.value,
-        qd=config.iodepth, w=config.workers, l0=[round(x, 1) for x in result["loadavg_start"]],
-        l1=[round(x, 1) for x in result["loadavg_end"]],
+        qd=config.iodepth, w=config.workers, w1=max(config.workers - 1, 1),
+        l0=[round(x, 1) for x in result["loadavg_start"]], l1=[round(x, 1) for x in result["loadavg_end"]],
     )  # fmt: skip
     from carina.core.doctor import collect
 

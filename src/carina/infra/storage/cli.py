@@ -23,6 +23,7 @@ def _tier_config(**kw: Any) -> Any:
         EngineConfig,
         EngineKind,
         LoopKind,
+        Overflow,
         ServerConfig,
         StoreConfig,
         TierConfig,
@@ -35,7 +36,7 @@ def _tier_config(**kw: Any) -> Any:
             codec=CodecName(kw["codec"]),
         ),
         engine=EngineConfig(kind=EngineKind(kw["engine"]), workers=kw["workers"], device=kw["device"],
-                            inflight=kw["inflight"]),
+                            inflight=kw["inflight"], overflow=Overflow(kw["overflow"])),
         server=ServerConfig(
             host=kw["host"], port=kw["port"], export=kw["export"], slots=kw["slots"],
             loop=LoopKind(kw["loop"]), stats_interval=kw["stats_interval"],
@@ -55,6 +56,9 @@ def serve(
     inflight: Annotated[
         int | None, typer.Option(help="Most engine batches in flight (default: the engine's; 0: no limit).")
     ] = None,
+    overflow: Annotated[
+        str, typer.Option(help="CPU pools, all workers busy: queue, or loop (the event loop runs the job).")
+    ] = "queue",
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks one).")] = 10809,
     export: Annotated[str, typer.Option(help="Export name.")] = "carina",

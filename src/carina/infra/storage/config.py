@@ -16,6 +16,7 @@ __all__ = [
     "EngineConfig",
     "EngineKind",
     "LoopKind",
+    "Overflow",
     "ServerConfig",
     "StoreConfig",
     "TierConfig",
@@ -55,6 +56,13 @@ class EngineKind(enum.Enum):
     PROCESS = "process"  # a pool of worker processes sharing the payload arena
     TORCH = "torch"  # batched torch kernels (ZVC) on a GPU, or on the CPU with the same code
     NVCOMP = "nvcomp"  # nVIDIA nvCOMP batched LZ4 / zstd / deflate on a GPU (many blocks per launch)
+
+
+class Overflow(enum.Enum):
+    """What the CPU pools do with jobs when every worker is busy."""
+
+    QUEUE = "queue"  # queue them for the pool (the event loop only parses and replies)
+    LOOP = "loop"  # run them in the event loop's thread (the loop is one more worker, with no handoff)
 
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -119,17 +127,27 @@ class EngineConfig(Config):
         inflight: Most batches in flight at once; jobs submitted while that many run wait and leave together
             as the next batch (``None``: the engine's default, one per launch thread for ``torch`` and
             ``nvcomp``, no limit for the CPU pools; ``0``: no limit).
+        overflow: For the ``thread`` and ``process`` pools: ``queue`` jobs for busy workers, or run in the
+            event loop's thread (``loop``) what no idle worker takes, so ``workers`` threads plus the loop
+            use ``workers + 1`` cores.
     """
 
     kind: EngineKind = EngineKind.PROCESS
     workers: int = 2
     device: str = "auto"
     inflight: int | None = None
+    overflow: Overflow = Overflow.QUEUE
 
     def validate(self) -> None:
         """Check the worker count."""
         require(1 <= self.workers <= 256, "workers must be between 1 and 256", key="workers")
         require(self.inflight is None or 0 <= self.inflight <= 4096, "inflight must be 0..4096", key="inflight")
+        cpu_pool = self.kind in (EngineKind.THREAD, EngineKind.PROCESS)
+        require(
+            cpu_pool or self.overflow == Overflow.QUEUE,
+            "overflow=loop is for the thread and process pools",
+            key="overflow",
+        )
 
 
 @dataclass(kw_only=True)

@@ -37,7 +37,7 @@ from typing import Any
 from carina.core.backend import Backend
 from carina.core.errors import BackendUnavailable
 from carina.infra.storage.codecs import Codec, Job, Result, codec_available, run_jobs
-from carina.infra.storage.config import EngineConfig, EngineKind
+from carina.infra.storage.config import EngineConfig, EngineKind, Overflow
 
 __all__ = ["Arena", "InlineEngine", "PayloadEngine", "ThreadEngine", "build_engine"]  # ProcessEngine: lazily
 
@@ -97,11 +97,15 @@ class PayloadEngine(Backend):
     #: Most jobs in one piece (0: no limit); longer pieces are cut, keeping each message to a worker small.
     max_piece_jobs = 0
 
-    def __init__(self, arena: Arena, *, max_inflight: int = 0) -> None:
+    def __init__(self, arena: Arena, *, max_inflight: int = 0, overflow: Overflow = Overflow.QUEUE) -> None:
         self.arena = arena
         #: Most pieces in flight at once (0: no limit). While that many run, jobs submitted meanwhile (from
         #: every connection) wait here and leave together as the next batch, the moment a piece comes back.
         self.max_inflight = max_inflight
+        #: ``LOOP``: jobs that no idle worker takes run in the event loop's own thread (see :meth:`_flush`).
+        self.overflow = overflow
+        #: Pieces the event loop ran itself (``Overflow.LOOP``).
+        self.loop_pieces = 0
         self._inflight = 0
         self._pending: list[tuple[asyncio.Future[list[Result]], list[Job]]] = []
         self._scheduled = False
@@ -126,12 +130,13 @@ class PayloadEngine(Backend):
         return await fut
 
     def _room(self) -> int:
-        """Pieces that may be launched now."""
-        return self.pieces if self.max_inflight <= 0 else min(self.pieces, self.max_inflight - self._inflight)
+        """Pieces that may be launched now (with ``Overflow.LOOP``: workers idle now)."""
+        room = self.pieces if self.max_inflight <= 0 else min(self.pieces, self.max_inflight - self._inflight)
+        return min(room, self.pieces - self._inflight) if self.overflow == Overflow.LOOP else room
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         """Flush the pending jobs at the end of this loop turn, unless every piece allowed is in flight."""
-        if self._pending and not self._scheduled and self._room() > 0:
+        if self._pending and not self._scheduled and (self._room() > 0 or self.overflow == Overflow.LOOP):
             self._scheduled = True
             loop.call_soon(self._flush)
 
@@ -142,10 +147,18 @@ class PayloadEngine(Backend):
         finishes early hands its requests back (and their next jobs arrive)
         while the others are still busy: batches overlap instead of running in
         lockstep.
+
+        With ``Overflow.LOOP`` only idle workers get a piece, and the event
+        loop runs one more piece itself, right here: what no worker is free
+        for (everything, when all are busy). On a machine with as many cores
+        as the pool has threads plus one, that keeps one runnable thread per
+        core, and the loop's piece costs no handoff and finds its payloads in
+        the cache of the core that just received them.
         """
         self._scheduled = False
-        room = self._room()
-        if not self._pending or room <= 0:
+        room = max(self._room(), 0)
+        here = 1 if self.overflow == Overflow.LOOP else 0
+        if not self._pending or room + here <= 0:
             return
         pending, self._pending = self._pending, []
         flat = [job for _, jobs in pending for job in jobs]
@@ -157,17 +170,21 @@ class PayloadEngine(Backend):
             pos += len(jobs)
         results: list[Result] = [(0, 0, 0)] * len(flat)
         block = max(flat[0][3] if flat[0][0] == 0 else flat[0][5], 1)
-        pieces = _split(len(flat), room, max(self.min_jobs, self.min_piece_bytes // block))
+        pieces = _split(len(flat), room + here, max(self.min_jobs, self.min_piece_bytes // block))
         if self.max_piece_jobs:
             cap = self.max_piece_jobs
             pieces = [(lo, min(lo + cap, b)) for a, b in pieces for lo in range(a, b, cap)]
         waits = [sum(1 for a, b in pieces if a < stop and start < b) for _, start, stop in spans]
-        for a, b in pieces:
+        for k, (a, b) in enumerate(pieces):  # the workers' pieces first, so they run while the loop runs its own
             members = [i for i, (_, start, stop) in enumerate(spans) if a < stop and start < b]
             finish = self._finisher(a, members, spans, waits, results)
             self._inflight += 1
             try:
-                self._launch(flat[a:b], finish)
+                if not here or k < room:
+                    self._launch(flat[a:b], finish)
+                else:
+                    self.loop_pieces += 1
+                    finish(run_jobs(self.arena.view, flat[a:b]))
             except Exception as exc:  # noqa: BLE001 - fail the waiters, not the loop
                 finish(exc)
 
@@ -249,8 +266,16 @@ class ThreadEngine(PayloadEngine):
 
     name = "thread"
 
-    def __init__(self, arena_bytes: int, *, workers: int = 2, min_jobs: int = 1, max_inflight: int = 0) -> None:
-        super().__init__(Arena(arena_bytes), max_inflight=max_inflight)
+    def __init__(
+        self,
+        arena_bytes: int,
+        *,
+        workers: int = 2,
+        min_jobs: int = 1,
+        max_inflight: int = 0,
+        overflow: Overflow = Overflow.QUEUE,
+    ) -> None:
+        super().__init__(Arena(arena_bytes), max_inflight=max_inflight, overflow=overflow)
         self.workers = self.pieces = workers
         self.min_jobs = min_jobs
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="carina-codec")
@@ -282,11 +307,11 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
     if config.kind == EngineKind.INLINE:
         engine = InlineEngine(arena_bytes)
     elif config.kind == EngineKind.THREAD:
-        engine = ThreadEngine(arena_bytes, workers=config.workers, **gate)
+        engine = ThreadEngine(arena_bytes, workers=config.workers, overflow=config.overflow, **gate)
     elif config.kind == EngineKind.PROCESS:
         from carina.infra.storage.procengine import ProcessEngine
 
-        engine = ProcessEngine(arena_bytes, workers=config.workers, **gate)
+        engine = ProcessEngine(arena_bytes, workers=config.workers, overflow=config.overflow, **gate)
     elif config.kind == EngineKind.NVCOMP:
         from carina.infra.storage.nvcomp_engine import NvcompEngine
 

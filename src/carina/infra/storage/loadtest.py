@@ -8,7 +8,8 @@ source text and binaries, the rest free space) and the same client load:
   writes carry fio's 50 %-compressible buffers.
 
 Systems: ``process`` (the tier with its worker-pool engine), ``thread`` (the
-tier with codec threads), ``inline`` (the
+tier with codec threads), ``thread-loop`` (``workers - 1`` codec threads and the
+event loop running what no idle thread takes: ``Overflow.LOOP``), ``inline`` (the
 same tier with header and payload in one process), ``forward`` (the tier with
 codec ``raw``: no compression) and ``nbdkit`` (nbdkit's plain file plugin, an
 uncompressed NBD server). CPU time is read from ``/proc`` for each server's
@@ -40,7 +41,7 @@ from carina.infra.storage.config import CodecName
 
 __all__ = ["SYSTEMS", "BenchConfig", "codec_throughput", "make_dataset", "run_bench"]
 
-SYSTEMS = ("process", "thread", "inline", "forward", "nbdkit")
+SYSTEMS = ("process", "thread", "thread-loop", "inline", "forward", "nbdkit")
 
 
 @dataclass(kw_only=True)
@@ -191,9 +192,12 @@ def start_target(system: str, work: Path, cfg: BenchConfig, block: int) -> Itera
         store = work / f"store-{system}-{block}"
         shutil.rmtree(store, ignore_errors=True)
         engine, codec = ("inline", "raw") if system == "forward" else (system, cfg.codec.value)
+        workers, extra = cfg.workers, []
+        if system == "thread-loop":  # as many threads as ``thread`` has, the loop being one of them
+            engine, workers, extra = "thread", max(cfg.workers - 1, 1), ["--overflow", "loop"]
         cmd = [sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0", "--store", str(store),
                "--size", size, "--block-size", str(block), "--engine", engine, "--codec", codec,
-               "--workers", str(cfg.workers), "--slots", "64", "--stats-interval", "3600"]  # fmt: skip
+               "--workers", str(workers), "--slots", "64", "--stats-interval", "3600", *extra]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = proc.stdout.readline() if proc.stdout else ""
         if not line:
@@ -252,9 +256,17 @@ def _fill(target: Target, image: Path, block: int) -> dict[str, Any]:
 
 
 def _fio_with_cpu(target: Target, rw: str, block: int, cfg: BenchConfig) -> dict[str, float]:
-    c0 = cpu_seconds(target.proc.pid)
+    """One fio run, with the server's CPU-s per GB and the cores it kept busy.
+
+    The CPU is taken over the whole fio run (ramp included) and divided by the bytes fio timed (ramp
+    excluded), so CPU-s per GB reads high by up to ``(seconds + 1) / seconds`` alike for every system;
+    ``server_cores`` divides the same CPU by the run's wall time.
+    """
+    c0, t0 = cpu_seconds(target.proc.pid), time.perf_counter()
     res = fio(target.url, rw=rw, block=block, cfg=cfg)
-    res["cpu_s_per_gb"] = (cpu_seconds(target.proc.pid) - c0) / max(res["bytes"] / 1e9, 1e-9)
+    cpu = cpu_seconds(target.proc.pid) - c0
+    res["cpu_s_per_gb"] = cpu / max(res["bytes"] / 1e9, 1e-9)
+    res["server_cores"] = cpu / (time.perf_counter() - t0)
     return res
 
 
@@ -267,11 +279,12 @@ def _measure_block(work: Path, image: Path, block: int, cfg: BenchConfig) -> lis
             runs: dict[str, list[dict[str, float]]] = {t.system: [] for t in targets}
             for k in range(cfg.runs):
                 for t in targets[k % len(targets) :] + targets[: k % len(targets)]:
-                    runs[t.system].append(_fio_with_cpu(t, rw, block, cfg))
+                    runs[t.system].append({"load1": os.getloadavg()[0], **_fio_with_cpu(t, rw, block, cfg)})
             for system, got in runs.items():
-                for key in ("mb_s", "iops", "p50_ms", "p99_ms", "cpu_s_per_gb"):
+                for key in ("mb_s", "iops", "p50_ms", "p99_ms", "cpu_s_per_gb", "server_cores"):
                     rows[system][f"{rw}_{key}"] = statistics.median(r[key] for r in got)
                 rows[system][f"{rw}_mb_s_runs"] = [round(r["mb_s"], 2) for r in got]
+                rows[system][f"{rw}_load1_runs"] = [round(r["load1"], 2) for r in got]
     return list(rows.values())
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from carina.core.errors import BackendUnavailable, IOEngineError
 from carina.infra.storage.codecs import Job, Result, run_jobs
+from carina.infra.storage.config import Overflow
 from carina.infra.storage.engines import Arena, PayloadEngine, _Done
 
 __all__ = ["ProcessEngine"]
@@ -51,10 +52,12 @@ class ProcessEngine(PayloadEngine):
     # wait on a worker that is itself blocked sending results back
     max_piece_jobs = 1024
 
-    def __init__(self, arena_bytes: int, *, workers: int = 2, max_inflight: int = 0) -> None:
+    def __init__(
+        self, arena_bytes: int, *, workers: int = 2, max_inflight: int = 0, overflow: Overflow = Overflow.QUEUE
+    ) -> None:
         import multiprocessing as mp
 
-        super().__init__(Arena(arena_bytes, shared=True), max_inflight=max_inflight)
+        super().__init__(Arena(arena_bytes, shared=True), max_inflight=max_inflight, overflow=overflow)
         ctx = mp.get_context("spawn")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conns: list[Any] = []
