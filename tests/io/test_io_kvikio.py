@@ -13,7 +13,8 @@ from carina.core.errors import BackendUnavailable
 from carina.io import IOConfig, IOEngine, choose_backend
 from carina.io.backends.kvikio import INSTALL_HINT, KvikioBackend, kvikio_errno
 from carina.io.cli import probe_report
-from carina.testing.io import IOBackendTests, KvikioCompatStandIn
+from carina.testing.io import IOBackendTests
+from carina.testing.kvikio import KvikioCompatStandIn
 
 HAVE_KVIKIO = not KvikioBackend.probe_reasons()
 

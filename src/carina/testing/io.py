@@ -4,8 +4,8 @@
   ``pwritev`` on the file, except where a script says an op fails with an
   errno or stops short, and it records the ops it saw (for coalescing tests).
 * :class:`NullBackend` - re-exported from :mod:`carina.io.backends.null`.
-* :class:`KvikioCompatStandIn` - a stand-in for ``kvikio.CuFile`` in KvikIO's
-  POSIX compat mode, for machines without the CUDA driver KvikIO needs.
+* :class:`~carina.testing.kvikio.KvikioCompatStandIn` (in :mod:`carina.testing.kvikio`) - a stand-in
+  for ``kvikio.CuFile`` in KvikIO's POSIX compat mode, for machines without the CUDA driver KvikIO needs.
 * :class:`IOBackendTests` - subclass it in a test module and set ``backend``::
 
       class TestPosix(IOBackendTests):
@@ -33,7 +33,7 @@ from carina.io._future import Op, OpKind
 from carina.io.backends.base import IOBackend
 from carina.io.backends.null import NullBackend
 
-__all__ = ["IOBackendTests", "KvikioCompatStandIn", "MockBackend", "NullBackend", "Script", "fail_after"]
+__all__ = ["IOBackendTests", "MockBackend", "NullBackend", "Script", "fail_after"]
 
 #: A script entry: called with the op, returns ``None`` (do it for real), an
 #: ``int`` (pretend that many bytes moved, doing them for real) or an ``OSError``.
@@ -128,52 +128,6 @@ def fail_after(nbytes: int, error: int) -> Script:
         return OSError(error, os.strerror(error))
 
     return script
-
-
-class KvikioCompatStandIn:
-    """A stand-in for ``kvikio.CuFile`` in POSIX compat mode (KvikIO needs the CUDA driver, absent on CPU machines).
-
-    Real ``pread``/``pwrite`` on its own buffered descriptor of ``path``, failing
-    the way KvikIO 26.10's compat mode fails (its ``detail/posix_io.hpp``): all or
-    nothing, so a read that passes the end of the file raises "POSIX error on
-    pread: EOF"; a failed call raises ``RuntimeError`` with the errno only as its
-    ``strerror`` text. Tests that use it say so in their names.
-    """
-
-    def __init__(self, path: str, flags: str = "r") -> None:
-        self._fd = os.open(path, {"r": os.O_RDONLY, "r+": os.O_RDWR}[flags] | os.O_CLOEXEC)
-
-    def pread(self, buf: Any, size: int, file_offset: int = 0) -> Any:
-        """Read ``size`` bytes into ``buf`` (a future whose ``get()`` is the count)."""
-        return _Ready(self._io(os.preadv, "pread", buf, size, file_offset))
-
-    def pwrite(self, buf: Any, size: int, file_offset: int = 0) -> Any:
-        """Write ``size`` bytes of ``buf``."""
-        return _Ready(self._io(os.pwritev, "pwrite", buf, size, file_offset))
-
-    def close(self) -> None:
-        """Close the descriptor."""
-        os.close(self._fd)
-
-    def _io(self, call: Callable[..., int], name: str, buf: Any, size: int, offset: int) -> int:
-        view, done = memoryview(buf).cast("B")[:size], 0
-        while done < size:
-            try:
-                n = call(self._fd, [view[done:]], offset + done)
-            except OSError as exc:
-                raise RuntimeError(f"KvikIO failure: POSIX error on {name}: {os.strerror(exc.errno or 5)}") from None
-            if n == 0:
-                raise RuntimeError(f"KvikIO failure: POSIX error on {name}: EOF")
-            done += n
-        return done
-
-
-class _Ready:
-    def __init__(self, value: int) -> None:
-        self._value = value
-
-    def get(self) -> int:
-        return self._value
 
 
 _SIZE = 1 << 18
