@@ -58,5 +58,3 @@ class _Ready:
 
     def get(self) -> int:
         return self._value
-
-
