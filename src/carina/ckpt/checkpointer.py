@@ -335,6 +335,12 @@ class Checkpointer:
         """Committed checkpoints, oldest first."""
         return list_checkpoints(self.config.dir)
 
+    def lent_copies(self) -> tuple[int, int]:
+        """The newest save's lent host copies: (slots copied behind training, slots a write guard copied first)."""
+        snap = self._stager.pending
+        lazy = None if snap is None else snap.lazy
+        return (0, 0) if lazy is None else (lazy.slots, lazy.forced)
+
     @property
     def host_bytes(self) -> int:
         """Host memory held by the staging arenas."""

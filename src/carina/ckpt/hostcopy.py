@@ -61,6 +61,11 @@ class LazyCopies:
         self._thread = threading.Thread(target=self._run, name="carina-ckpt-hostcopy", daemon=True)
         self._thread.start()
 
+    @property
+    def slots(self) -> int:
+        """How many slots this snapshot copies behind training."""
+        return len(self._spans)
+
     def done(self) -> bool:
         """Whether every slot is copied (never blocks)."""
         return self._left == 0
