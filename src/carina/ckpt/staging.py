@@ -22,6 +22,7 @@ other host tensor is copied in ``stage``.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,10 +171,11 @@ class Stager:
         dev = self._device_buffer(tensors, side) if side else None
         on_side = {s.name for s in side}
         later: list[tuple[Any, Any]] = []
+        ranges = _Ranges(lent)
         for slot in layout.slots:
             src = tensors[slot.name]
             dst = _slot_view(image, layout.data_start, slot)
-            if lent and _is_lent(src, lent):
+            if ranges.holds(src):
                 later.append((dst, src))
             elif slot.name in on_side:
                 with torch.cuda.stream(self._stream):  # with a device buffer: D2D now, D2H below
@@ -273,12 +275,26 @@ def _slot_view(buf: Any, base: int, slot: Any) -> Any:
     return buf[base + slot.offset : base + slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
 
 
-def _is_lent(src: Any, lent: Sequence[tuple[int, int]]) -> bool:
-    """Whether ``src`` is a contiguous host tensor lying inside one of the ``lent`` ranges."""
-    if src.is_cuda or not src.is_contiguous() or src.numel() == 0:
-        return False
-    lo, hi = span(src)
-    return any(a <= lo and hi <= b for a, b in lent)
+class _Ranges:
+    """``[start, end)`` address ranges, sorted and merged, for containment tests by bisection."""
+
+    def __init__(self, ranges: Sequence[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        self._starts = [lo for lo, _ in merged]
+        self._ends = [hi for _, hi in merged]
+
+    def holds(self, src: Any) -> bool:
+        """Whether ``src`` is a contiguous, non-empty host tensor lying inside one range."""
+        if not self._starts or src.is_cuda or not src.is_contiguous() or src.numel() == 0:
+            return False
+        lo, hi = span(src)
+        k = bisect.bisect_right(self._starts, lo) - 1
+        return k >= 0 and hi <= self._ends[k]
 
 
 def device_snapshot_fits(nbytes: int, free: int) -> bool:
