@@ -399,7 +399,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Load optimizer state (as saved by :meth:`state_dict`); spilled blocks go back to NVMe."""
         for g in self.rt.groups:
             self.rt.wait_updates(g)
-            self.rt.guard_writes(self._written_by(g))
+            if self.rt.write_guards:
+                self.rt.guard_writes(self._written_by(g))
         for gi, shapes in self._spilled.items():
             local = {id(mp): k for k, mp in enumerate(self.rt.groups[gi].masters)}
             for mp, name, _, _ in shapes:
