@@ -131,3 +131,26 @@ def test_offload_guard_is_removed_at_close(tmp_path: Path) -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     _step(model, opt, 2)
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # state_dict copies again
+
+
+def test_process_writer_starts_when_the_lent_copies_end_unasked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy thread itself hands the snapshot to the process writer: no save(), wait() or step needed."""
+    import time
+
+    model, opt = _wrapped()
+    _step(model, opt, 1)
+    gate = threading.Event()
+    monkeypatch.setattr(staging_mod, "LazyCopies", GatedCopies(gate))
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.PROCESS)) as ckpt:
+        try:
+            ckpt.save(1, {"model": model, "optim": opt})
+            assert committed_steps(str(tmp_path)) == []
+        finally:
+            gate.set()
+        for _ in range(3000):  # only the filesystem is polled: the checkpointer is not called
+            if committed_steps(str(tmp_path)) == [1]:
+                break
+            time.sleep(0.01)
+        assert committed_steps(str(tmp_path)) == [1]
