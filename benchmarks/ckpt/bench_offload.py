@@ -81,6 +81,8 @@ class Driver:
             if self.method.done():
                 marker = self.method.durable_at()
                 res["durable_s"] = (marker if marker is not None else time.time()) - self.t_save
+                if hasattr(self.method, "ckpt"):  # lent host state: slots copied behind training, by a guard first
+                    res["lent_slots"], res["guard_copied_slots"] = self.method.ckpt.lent_copies()
                 self.phase, self.left = "clean", self.settle
             elif time.time() - self.t_save > self.deadline_s:
                 res["error"] = f"not durable after {self.deadline_s:.0f} s"
@@ -121,6 +123,7 @@ class Driver:
                    "interference_s": round(interference, 4), "stall_s": round(res["blocking_s"] + interference, 4),
                    "durable_s": round(res["durable_s"], 3) if "durable_s" in res else None,
                    "host_extra_GB": round(res.get("host_extra_GB", 0.0), 2)}  # fmt: skip
+            row.update({k: res[k] for k in ("lent_slots", "guard_copied_slots") if k in res})
             if "error" in res:
                 row["error"] = res["error"]
             rows.append(row)

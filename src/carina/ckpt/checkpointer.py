@@ -14,10 +14,11 @@ restored last.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,7 @@ class Checkpointer:
         self._writer = make_writer(config.writer)
         self._next_arena = 0
         self._hooked: set[int] = set()
+        self._lenders: dict[int, Any] = {}  # id -> an object lending host state under our write guard
         self._remote: Any = None
         self._unpushed: list[tuple[int, str]] = []  # (step, attempt token) saved here, not yet uploaded
         if config.remote:
@@ -98,11 +100,12 @@ class Checkpointer:
             self._uploader.check()
             self._push()
         arena = self._free_arena()
-        captured = {k: _state_of(v) for k, v in state.items()}
+        with self._lending(state) as lent:
+            captured = {k: _state_of(v) for k, v in state.items()}
         captured[_RNG_KEY] = capture_rng()
         chunks: dict[str, Any] = {}
         tree, tensors = flatten(captured, chunks=chunks)
-        snap = self._stager.stage(tensors, arena, _guarded(state))
+        snap = self._stager.stage(tensors, arena, _guarded(state), lent)
         self._hook_optimizers(state)
         token = _shared_token()
         job = CommitJob(
@@ -128,6 +131,25 @@ class Checkpointer:
         """:meth:`save` when ``every_steps`` divides ``step``."""
         every = self.config.every_steps
         return self.save(step, state) if every and step % every == 0 else None
+
+    @contextlib.contextmanager
+    def _lending(self, state: dict[str, Any]) -> Iterator[list[tuple[int, int]]]:
+        """Let values that lend their host state (``lend_state(guard)``) give views instead of copies.
+
+        Such a value (carina.offload's optimizer) calls the guard, :meth:`Stager.guard_writes`, before
+        it writes any lent tensor in place, from then on; the staging copies those tensors behind
+        training (:mod:`carina.ckpt.hostcopy`). Yields the lent ``[start, end)`` address ranges.
+        """
+        from carina.ckpt.hostcopy import extent
+
+        guard = self._stager.guard_writes
+        with contextlib.ExitStack() as stack:
+            spans: list[tuple[int, int]] = []
+            for value in state.values():
+                if callable(getattr(value, "lend_state", None)):
+                    self._lenders[id(value)] = value
+                    spans.extend(extent(t) for t in stack.enter_context(value.lend_state(guard)))
+            yield spans
 
     def _free_arena(self) -> int:
         arena = self._next_arena
@@ -204,6 +226,9 @@ class Checkpointer:
         """Finish pending saves and uploads, stop the writer and release the arenas."""
         try:
             self._writer.close()
+            for lender in self._lenders.values():
+                lender.remove_write_guard(self._stager.guard_writes)
+            self._lenders.clear()
             if self._remote is not None:
                 try:
                     self._push(final=True)
@@ -232,6 +257,7 @@ class Checkpointer:
             CheckpointError: Nothing to restore, or the state does not match.
             CorruptCheckpoint: ``step`` was named and fails verification.
         """
+        self._stager.wait()  # lent state may be loaded into only once the snapshot holds its bytes
         manifest, saved = self._agreed(state, step)
         missing = [k for k in state if k not in saved]
         if missing:
@@ -308,6 +334,12 @@ class Checkpointer:
     def list(self) -> list[CheckpointInfo]:
         """Committed checkpoints, oldest first."""
         return list_checkpoints(self.config.dir)
+
+    def lent_copies(self) -> tuple[int, int]:
+        """The newest save's lent host copies: (slots copied behind training, slots a write guard copied first)."""
+        snap = self._stager.pending
+        lazy = None if snap is None else snap.lazy
+        return (0, 0) if lazy is None else (lazy.slots, lazy.forced)
 
     @property
     def host_bytes(self) -> int:

@@ -13,14 +13,21 @@ device buffer (device-to-device, HBM speed) and only then to the host arena: the
 optimizer step waits for the device copy alone, and the PCIe copy runs while the
 next steps compute (the stream's order keeps the next snapshot from overwriting
 the buffer before its bytes left).
+
+Host tensors whose owner lends them (``lent``: address ranges the owner guards,
+see :mod:`carina.ckpt.hostcopy`) are copied on a background thread instead of
+inside ``stage``; :meth:`Stager.guard_writes` is the owner's write guard. Every
+other host tensor is copied in ``stage``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from carina.ckpt.hostcopy import LazyCopies, extent, span
 from carina.ckpt.layout import Layout, dtype_name, plan_layout, torch_dtype
 
 __all__ = ["ArenaFactory", "Snapshot", "Stager", "device_snapshot_fits", "host_arena"]
@@ -48,24 +55,39 @@ class Snapshot:
     image: Any  # uint8 tensor, len == layout.size
     event: Any = None  # torch.cuda.Event or None
     released: Any = None  # torch.cuda.Event: the device-side copy is done (parameters may change)
+    lazy: LazyCopies | None = None  # lent host tensors copied behind training (their owner guards writes)
 
     def wait_released(self) -> None:
-        """Block until the source tensors may change (device snapshot: its D2D copy; else every byte)."""
+        """Block until the unguarded sources may change (device snapshot: its D2D copy; else every GPU byte).
+
+        Lent host tensors are not waited for: their owner calls the write guard first.
+        """
         if self.released is not None:
             self.released.synchronize()
             self.released = None
             return
-        self.wait()
-
-    def wait(self) -> None:
-        """Block until every byte is in host memory."""
         if self.event is not None:
             self.event.synchronize()
             self.event = None
 
+    def wait(self) -> None:
+        """Block until every byte is in host memory.
+
+        Raises:
+            CheckpointError: A background host copy failed.
+        """
+        self.wait_released()
+        if self.lazy is not None:
+            self.lazy.wait()
+
     def ready(self) -> bool:
         """Whether every byte is in host memory (never blocks)."""
-        return self.event is None or bool(self.event.query())
+        return (self.event is None or bool(self.event.query())) and (self.lazy is None or self.lazy.done())
+
+    def on_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the lent host copies finish (from their thread); nothing without any."""
+        if self.lazy is not None:
+            self.lazy.on_done(callback)
 
     def view(self) -> memoryview:
         """The staged bytes as a memoryview (valid while the arena lives)."""
@@ -91,6 +113,7 @@ class Stager:
         self._bufs: list[tuple[Any, Any] | None] = [None] * arenas
         self._layout: Layout | None = None
         self._stream: Any = None
+        self._lazy: list[LazyCopies] = []  # lent host copies that may still be running
         self.pending: Snapshot | None = None
 
     @property
@@ -112,8 +135,14 @@ class Stager:
         for i in range(len(self._bufs)):
             self._image(i, nbytes)
 
-    def stage(self, tensors: Mapping[str, Any], arena: int, guarded: frozenset[int] = frozenset()) -> Snapshot:
-        """Start copying ``tensors`` into ``arena``; returns before CUDA copies finish.
+    def stage(
+        self,
+        tensors: Mapping[str, Any],
+        arena: int,
+        guarded: frozenset[int] = frozenset(),
+        lent: Sequence[tuple[int, int]] = (),
+    ) -> Snapshot:
+        """Start copying ``tensors`` into ``arena``; returns before CUDA copies and lent host copies finish.
 
         Args:
             tensors: Name to tensor.
@@ -122,6 +151,9 @@ class Stager:
                 (parameters, optimizer state): they are copied on the side stream. Any
                 other CUDA tensor (buffers a forward pass updates, user tensors) is
                 copied on the compute stream, so later kernels cannot change it first.
+            lent: ``[start, end)`` address ranges of host memory whose owner calls
+                :meth:`guard_writes` before writing it: contiguous host tensors inside
+                them are copied on a background thread.
         """
         import torch
 
@@ -138,10 +170,14 @@ class Stager:
         side = [s for s in layout.slots if tensors[s.name].is_cuda and tensors[s.name].data_ptr() in guarded]
         dev = self._device_buffer(tensors, side) if side else None
         on_side = {s.name for s in side}
+        later: list[tuple[Any, Any]] = []
+        ranges = _Ranges(lent)
         for slot in layout.slots:
             src = tensors[slot.name]
             dst = _slot_view(image, layout.data_start, slot)
-            if slot.name in on_side:
+            if ranges.holds(src):
+                later.append((dst, src))
+            elif slot.name in on_side:
                 with torch.cuda.stream(self._stream):  # with a device buffer: D2D now, D2H below
                     (dst if dev is None else _slot_view(dev, 0, slot)).copy_(src, non_blocking=True)
                 src.record_stream(self._stream)
@@ -159,8 +195,19 @@ class Stager:
             self._stream.wait_stream(compute)  # the event also covers the compute-stream copies
             event = torch.cuda.Event()
             event.record(self._stream)
-        self.pending = Snapshot(arena, layout, image, event, released)
+        lazy = LazyCopies(later) if later else None
+        if lazy is not None:
+            self._lazy = [c for c in self._lazy if not c.done()] + [lazy]
+        self.pending = Snapshot(arena, layout, image, event, released, lazy)
         return self.pending
+
+    def guard_writes(self, tensors: Iterable[Any]) -> None:
+        """The write guard of lent memory: return once no byte of ``tensors``' storages is still to be copied."""
+        if not any(not c.done() for c in self._lazy):
+            return
+        spans = [extent(t) for t in tensors]
+        for lazy in self._lazy:
+            lazy.before_write(spans)
 
     def _device_buffer(self, tensors: Mapping[str, Any], slots: list[Any]) -> Any:
         """The spare device buffer for ``slots`` (indexed by their layout offsets), or None: no device snapshot."""
@@ -186,9 +233,11 @@ class Stager:
         return self._dev
 
     def wait(self) -> None:
-        """Block until the latest snapshot is fully in host memory."""
+        """Block until every snapshot is fully in host memory (lent host copies included)."""
         if self.pending is not None:
             self.pending.wait()
+        for lazy in self._lazy:
+            lazy.wait()
 
     def wait_released(self) -> None:
         """Block until the latest snapshot's sources may change (called before optimizer steps)."""
@@ -198,6 +247,7 @@ class Stager:
     def close(self) -> None:
         """Release the arenas (shared-memory ones are unlinked)."""
         self.wait()
+        self._lazy.clear()
         self._dev = None
         for i, buf in enumerate(self._bufs):
             self._bufs[i] = None
@@ -223,6 +273,28 @@ class Stager:
 def _slot_view(buf: Any, base: int, slot: Any) -> Any:
     """``slot``'s bytes of the flat uint8 ``buf`` (starting at ``base``) as a tensor of its dtype and shape."""
     return buf[base + slot.offset : base + slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
+
+
+class _Ranges:
+    """``[start, end)`` address ranges, sorted and merged, for containment tests by bisection."""
+
+    def __init__(self, ranges: Sequence[tuple[int, int]]) -> None:
+        merged: list[list[int]] = []
+        for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        self._starts = [lo for lo, _ in merged]
+        self._ends = [hi for _, hi in merged]
+
+    def holds(self, src: Any) -> bool:
+        """Whether ``src`` is a contiguous, non-empty host tensor lying inside one range."""
+        if not self._starts or src.is_cuda or not src.is_contiguous() or src.numel() == 0:
+            return False
+        lo, hi = span(src)
+        k = bisect.bisect_right(self._starts, lo) - 1
+        return k >= 0 and hi <= self._ends[k]
 
 
 def device_snapshot_fits(nbytes: int, free: int) -> bool:

@@ -287,40 +287,53 @@ class ProcessWriter(Writer):
         child_conn.close()
         self._inflight: deque[int] = deque()
         self._pending: deque[tuple[CommitJob, Snapshot, Any]] = deque()
+        self._lock = threading.Lock()  # the pipe and queues: a snapshot's copy thread pumps too (on_ready)
 
     def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         if not self._proc.is_alive():
             raise CheckpointError(f"writer process died (exit code {self._proc.exitcode})", key=f"step {job.step}")
-        self._pending.append((job, snap, handle))
+        with self._lock:
+            self._pending.append((job, snap, handle))
         self._pump()
+        snap.on_ready(self._pump)  # lent host copies finishing behind training start the write at once
 
     def _pump(self, block: bool = False) -> None:
-        while self._pending:
-            job, snap, handle = self._pending[0]
-            if block:
-                snap.wait()
-            elif not snap.ready():
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                job, snap, handle = self._pending[0]
+                if snap.ready():
+                    self._pending.popleft()
+                    self._conn.send((job, handle.name, snap.arena))
+                    self._inflight.append(snap.arena)
+                    continue
+            if not block:
                 return
-            self._pending.popleft()
-            self._conn.send((job, handle.name, snap.arena))
-            self._inflight.append(snap.arena)
+            snap.wait()  # outside the lock: the copy thread's own pump must get in
 
     def _collect(self, block: bool) -> None:
-        while self._inflight and (block or self._conn.poll()):
-            try:
-                _arena, error = self._conn.recv()
-            except (EOFError, OSError):
-                self._errors.append(CheckpointError(f"writer process died (exit code {self._proc.exitcode})"))
-                self._inflight.clear()
-                return
-            self._inflight.popleft()
-            if error is not None:
-                self._errors.append(_unpickle_error(error, step=None))
+        while True:
+            with self._lock:
+                if not self._inflight or not self._conn.poll(0.05 if block else 0):
+                    if not self._inflight or not block:
+                        return
+                    continue
+                try:
+                    _arena, error = self._conn.recv()
+                except (EOFError, OSError):
+                    self._errors.append(CheckpointError(f"writer process died (exit code {self._proc.exitcode})"))
+                    self._inflight.clear()
+                    return
+                self._inflight.popleft()
+                if error is not None:
+                    self._errors.append(_unpickle_error(error, step=None))
 
     def _busy(self) -> set[int]:
         self._pump()
         self._collect(block=False)
-        return set(self._inflight) | {snap.arena for _, snap, _ in self._pending}
+        with self._lock:
+            return set(self._inflight) | {snap.arena for _, snap, _ in self._pending}
 
     def _wait(self) -> None:
         self._pump(block=True)

@@ -213,7 +213,8 @@ def _install_state_hooks(model: nn.Module, rt: OffloadRuntime) -> None:
         for name, (g, i) in names.items():
             rt.wait_updates(g)
             if prefix + name in state:
-                state[prefix + name] = g.master[g.slot(i)].view(g.params[i].shape).clone()
+                view = g.master[g.slot(i)].view(g.params[i].shape)
+                state[prefix + name] = view if rt.lend_views else view.clone()
 
     def load(module: nn.Module, state: dict[str, Any], prefix: str, *args: Any) -> None:
         with torch.no_grad():
@@ -222,6 +223,7 @@ def _install_state_hooks(model: nn.Module, rt: OffloadRuntime) -> None:
                 if value is None:
                     continue
                 rt.wait_updates(g)
+                rt.guard_writes([g.master])
                 sl = g.slot(i)
                 g.master[sl].copy_(value.reshape(-1))
                 if g.host_copy is not None and g.host_copy is not g.master:

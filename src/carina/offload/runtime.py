@@ -105,6 +105,8 @@ class OffloadRuntime(GradientPath):
         self._fwd_wait = 0.0  # this forward's time making blocks' weights resident (not compute)
         self.step_group: Any = None  # set by the optimizer: fn(group, options) updating masters in place
         self.snapshot: Any = None  # set by the optimizer: fn(group) -> hyperparameters for a later update
+        self.write_guards: list[Any] = []  # fn(tensors): called before masters/optimizer state change in place
+        self.lend_views = False  # model.state_dict() gives the masters themselves, not copies (a lender's save)
         self._handles: list[Any] = []
         self._install(model)
 
@@ -237,6 +239,11 @@ class OffloadRuntime(GradientPath):
     def _release(self, g: ParamGroup) -> None:
         self.storage_owner.pop(g.device.untyped_storage().data_ptr(), None)
         release_device(g, self.store)
+
+    def guard_writes(self, tensors: list[torch.Tensor]) -> None:
+        """Call every write guard (a checkpoint still copying lent state) before ``tensors`` change in place."""
+        for guard in self.write_guards:
+            guard(tensors)
 
     def wait_updates(self, g: ParamGroup) -> None:
         """Block until the CPU worker finished everything queued for ``g``."""

@@ -10,10 +10,11 @@ during backward or at ``step()``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -126,6 +127,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         ``options``: the hyperparameters to use (a :meth:`snapshot`); None: the param group's now.
         """
         t_in = time.perf_counter()
+        if self.rt.write_guards:
+            self.rt.guard_writes(self._written_by(g))
         self._unspill(g)
         flat = self._flat_step(g)
         t0 = time.perf_counter()
@@ -347,6 +350,35 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return mode is OverlapMode.BACKWARD or (mode is OverlapMode.AUTO and self.cfg.max_grad_norm is None)
 
     # -- state ---------------------------------------------------------------------------------
+    def _written_by(self, g: ParamGroup) -> list[torch.Tensor]:
+        """The host tensors an update of ``g`` writes in place: its masters, its optimizer state, the spill buffer."""
+        state = [t for mp in g.masters for t in self.inner.state.get(mp, {}).values() if isinstance(t, torch.Tensor)]
+        return [g.master, *state, *([self._spill_buf] if self._spill_buf is not None else [])]
+
+    @contextlib.contextmanager
+    def lend_state(self, guard: Callable[[list[torch.Tensor]], None]) -> Iterator[list[torch.Tensor]]:
+        """Inside, ``model.state_dict()`` and :meth:`state_dict` give the live host tensors, not copies.
+
+        A checkpointer that copies them behind training uses this: from now on (until
+        :meth:`remove_write_guard`) ``guard(tensors)`` is called, on whichever thread updates, before
+        any of the yielded tensors' storage is written in place; it returns once their bytes are copied.
+        Yields those tensors (the masters and the optimizer state in host RAM).
+        """
+        for g in self.rt.groups:
+            self.rt.wait_updates(g)
+        if guard not in self.rt.write_guards:
+            self.rt.write_guards.append(guard)
+        self.rt.lend_views = True
+        try:
+            yield [t for g in self.rt.groups for t in self._written_by(g) if t is not self._spill_buf]
+        finally:
+            self.rt.lend_views = False
+
+    def remove_write_guard(self, guard: Callable[[list[torch.Tensor]], None]) -> None:
+        """Stop calling ``guard`` (registered by :meth:`lend_state`)."""
+        if guard in self.rt.write_guards:
+            self.rt.write_guards.remove(guard)
+
     def state_dict(self) -> dict[str, Any]:
         """Optimizer state; state spilled to NVMe is read into fresh tensors for the caller."""
         for g in self.rt.groups:
@@ -367,6 +399,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Load optimizer state (as saved by :meth:`state_dict`); spilled blocks go back to NVMe."""
         for g in self.rt.groups:
             self.rt.wait_updates(g)
+            if self.rt.write_guards:
+                self.rt.guard_writes(self._written_by(g))
         for gi, shapes in self._spilled.items():
             local = {id(mp): k for k, mp in enumerate(self.rt.groups[gi].masters)}
             for mp, name, _, _ in shapes:

@@ -17,9 +17,19 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["FakeCopyEvent", "TinyLM", "crash_at", "dist_worker", "main", "make_model", "params_digest", "train"]
+__all__ = [
+    "FakeCopyEvent",
+    "GatedCopies",
+    "TinyLM",
+    "crash_at",
+    "dist_worker",
+    "main",
+    "make_model",
+    "params_digest",
+    "train",
+]
 
 VOCAB, SEQ, BATCH = 64, 16, 4
 
@@ -66,6 +76,40 @@ class FakeCopyEvent:
     def synchronize(self) -> None:
         """Wait for the copy (here: finish it)."""
         self.finished = True
+
+
+def GatedCopies(gate: Any, hold_in_copy: bool = False) -> Any:
+    """A :class:`carina.ckpt.hostcopy.LazyCopies` whose background thread waits for ``gate`` (a threading.Event).
+
+    A slow background copy, on demand: with ``hold_in_copy=False`` the thread copies nothing
+    until the gate opens (every slot stays pending, so a write guard must copy them itself);
+    with ``True`` it claims the first slot and holds it mid-copy (a guard must wait). Each
+    instance made is appended to the returned class's ``made``.
+    """
+    import threading
+
+    from carina.ckpt.hostcopy import LazyCopies
+
+    class _Gated(LazyCopies):
+        made: ClassVar[list[Any]] = []
+
+        def __init__(self, pairs: Any) -> None:
+            self.holding = threading.Event()  # set once the background thread holds its first slot
+            type(self).made.append(self)
+            super().__init__(pairs)
+
+        def _run(self) -> None:
+            if not hold_in_copy:
+                gate.wait()
+            super()._run()
+
+        def _copy(self, i: int) -> None:
+            if hold_in_copy and threading.current_thread() is self._thread:
+                self.holding.set()
+                gate.wait()
+            super()._copy(i)
+
+    return _Gated
 
 
 def make_model(kind: str = "llama", seed: int = 0) -> Any:
