@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import time
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from carina.ckpt.commit import CommitJob, committed_steps
 from carina.ckpt.config import CheckpointConfig
+from carina.ckpt.ranks import dist_rank, shared_token
 from carina.ckpt.rng import capture_rng, restore_rng
 from carina.ckpt.staging import Stager, host_arena
 from carina.ckpt.storage import CheckpointInfo, list_checkpoints
@@ -60,7 +60,7 @@ class Checkpointer:
     def __init__(self, config: CheckpointConfig) -> None:
         self.config = config
         os.makedirs(config.dir, exist_ok=True)
-        self.rank, self.world_size = _dist_rank()
+        self.rank, self.world_size = dist_rank()
         factory = host_arena
         if config.writer is WriterKind.PROCESS:
             from carina.ckpt.shm import shm_arena
@@ -107,7 +107,7 @@ class Checkpointer:
         tree, tensors = flatten(captured, chunks=chunks)
         snap = self._stager.stage(tensors, arena, _guarded(state), lent)
         self._hook_optimizers(state)
-        token = _shared_token()
+        token = shared_token()
         job = CommitJob(
             root=os.path.abspath(self.config.dir),
             step=int(step),
@@ -380,26 +380,3 @@ def _detach_copies(value: Any) -> Any:
     if isinstance(value, list):
         return [_detach_copies(v) for v in value]
     return value
-
-
-def _dist_rank() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 0, 1
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _shared_token() -> str:
-    """A fresh attempt id, the same on every rank (one broadcast when distributed)."""
-    token = secrets.token_hex(6)
-    rank, world = _dist_rank()
-    if world > 1:
-        import torch.distributed as dist
-
-        box = [token if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        token = str(box[0])
-    return token

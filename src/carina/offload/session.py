@@ -10,11 +10,10 @@ during backward or at ``step()``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +24,7 @@ from carina.memory.tiers import Tier
 from carina.offload.blocks import ParamGroup
 from carina.offload.config import CpuOptimizerImpl, OffloadConfig
 from carina.offload.flatstep import FlatStep
+from carina.offload.lending import StateLending
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
 from carina.offload.runtime import OffloadRuntime
@@ -48,7 +48,7 @@ def _inner_kwargs(user: torch.optim.Optimizer, cfg: OffloadConfig, device: torch
     return kwargs
 
 
-class OffloadOptimizer(torch.optim.Optimizer):
+class OffloadOptimizer(StateLending, torch.optim.Optimizer):
     """The user's optimizer, run on the CPU over float32 master weights.
 
     Args:
@@ -350,35 +350,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return mode is OverlapMode.BACKWARD or (mode is OverlapMode.AUTO and self.cfg.max_grad_norm is None)
 
     # -- state ---------------------------------------------------------------------------------
-    def _written_by(self, g: ParamGroup) -> list[torch.Tensor]:
-        """The host tensors an update of ``g`` writes in place: its masters, its optimizer state, the spill buffer."""
-        state = [t for mp in g.masters for t in self.inner.state.get(mp, {}).values() if isinstance(t, torch.Tensor)]
-        return [g.master, *state, *([self._spill_buf] if self._spill_buf is not None else [])]
-
-    @contextlib.contextmanager
-    def lend_state(self, guard: Callable[[list[torch.Tensor]], None]) -> Iterator[list[torch.Tensor]]:
-        """Inside, ``model.state_dict()`` and :meth:`state_dict` give the live host tensors, not copies.
-
-        A checkpointer that copies them behind training uses this: from now on (until
-        :meth:`remove_write_guard`) ``guard(tensors)`` is called, on whichever thread updates, before
-        any of the yielded tensors' storage is written in place; it returns once their bytes are copied.
-        Yields those tensors (the masters and the optimizer state in host RAM).
-        """
-        for g in self.rt.groups:
-            self.rt.wait_updates(g)
-        if guard not in self.rt.write_guards:
-            self.rt.write_guards.append(guard)
-        self.rt.lend_views = True
-        try:
-            yield [t for g in self.rt.groups for t in self._written_by(g) if t is not self._spill_buf]
-        finally:
-            self.rt.lend_views = False
-
-    def remove_write_guard(self, guard: Callable[[list[torch.Tensor]], None]) -> None:
-        """Stop calling ``guard`` (registered by :meth:`lend_state`)."""
-        if guard in self.rt.write_guards:
-            self.rt.write_guards.remove(guard)
-
     def state_dict(self) -> dict[str, Any]:
         """Optimizer state; state spilled to NVMe is read into fresh tensors for the caller."""
         for g in self.rt.groups:
