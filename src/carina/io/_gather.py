@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -23,10 +23,10 @@ from carina.io._buffers import address_of, byte_view, is_cuda_tensor
 from carina.io._future import IOFuture, OpKind, Request
 
 if TYPE_CHECKING:
-    from carina.io._engine import IOEngine
+    from carina.io._config import IOConfig
     from carina.io._handle import FileHandle
 
-__all__ = ["GatherOp", "gather"]
+__all__ = ["GatherEngine", "GatherOp", "gather"]
 
 
 @dataclass(eq=False)
@@ -117,7 +117,27 @@ def _merge(off: np.ndarray, lengths: np.ndarray, pos: np.ndarray, limit: int) ->
     return off[starts], run_len, pos[starts]
 
 
-def gather(engine: IOEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any) -> IOFuture:
+class GatherEngine(Protocol):
+    """What a gather uses of its engine (:class:`~carina.io.IOEngine`)."""
+
+    @property
+    def config(self) -> IOConfig:
+        """The engine's config (``max_coalesce`` bounds merged rows)."""
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The engine's counters (``requests``, ``merged``)."""
+
+    def _check_handle(self, handle: FileHandle) -> None: ...
+
+    def _run_gather(self, handle: FileHandle, op: GatherOp) -> None: ...
+
+    def _bounce(self, nbytes: int) -> tuple[np.ndarray, Callable[[], None]]: ...
+
+    def _gather_done(self, handle: FileHandle) -> None: ...
+
+
+def gather(engine: GatherEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any) -> IOFuture:
     """See :meth:`carina.io.IOEngine.gather`."""
     engine._check_handle(handle)
     if is_cuda_tensor(dest):
@@ -146,7 +166,7 @@ def gather(engine: IOEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest
 
 
 def _bounced(
-    engine: IOEngine,
+    engine: GatherEngine,
     handle: FileHandle,
     future: IOFuture,
     off: np.ndarray,
@@ -165,7 +185,7 @@ def _bounced(
 
 
 def _finisher(
-    engine: IOEngine,
+    engine: GatherEngine,
     handle: FileHandle,
     future: IOFuture,
     off: np.ndarray,

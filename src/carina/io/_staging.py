@@ -12,8 +12,9 @@ from __future__ import annotations
 import bisect
 import sys
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -22,10 +23,9 @@ from carina.io._buffers import aligned_buffer
 from carina.io._future import IOFuture
 
 if TYPE_CHECKING:
-    from carina.io._engine import IOEngine
     from carina.io._handle import FileHandle
 
-__all__ = ["StagingArena", "staged_read", "staged_write"]
+__all__ = ["StagingArena", "StagingEngine", "staged_read", "staged_write"]
 
 
 class StagingArena:
@@ -140,7 +140,20 @@ class StagingArena:
         self._free = merged
 
 
-def _arena(engine: IOEngine) -> StagingArena:
+class StagingEngine(Protocol):
+    """What a staged transfer uses of its engine (:class:`~carina.io.IOEngine`)."""
+
+    def staging_arena(self, *, replace: bool = False) -> StagingArena:
+        """The engine's arena (``replace``: a new one)."""
+
+    def read_batch(self, jobs: Iterable[tuple[FileHandle, int, Any]], *, coalesce: bool = True) -> list[IOFuture]:
+        """Read ``(handle, offset, buffer)`` jobs."""
+
+    def write_batch(self, jobs: Iterable[tuple[FileHandle, int, Any]], *, coalesce: bool = True) -> list[IOFuture]:
+        """Write ``(handle, offset, buffer)`` jobs."""
+
+
+def _arena(engine: StagingEngine) -> StagingArena:
     """The engine's arena for staged transfers: pinned where CUDA is available.
 
     An arena made earlier without torch (for bounce buffers) is not pinned; on
@@ -164,7 +177,7 @@ def _flat_bytes(tensor: Any) -> Any:
     return tensor.detach().reshape(-1).view(torch.uint8)
 
 
-def staged_read(engine: IOEngine, handle: FileHandle, offset: int, tensor: Any) -> IOFuture:
+def staged_read(engine: StagingEngine, handle: FileHandle, offset: int, tensor: Any) -> IOFuture:
     """Read into ``tensor`` (any device) through the arena; see the module docstring."""
     import torch
 
@@ -200,7 +213,7 @@ def staged_read(engine: IOEngine, handle: FileHandle, offset: int, tensor: Any) 
     return outer
 
 
-def staged_write(engine: IOEngine, handle: FileHandle, offset: int, tensor: Any) -> IOFuture:
+def staged_write(engine: StagingEngine, handle: FileHandle, offset: int, tensor: Any) -> IOFuture:
     """Copy ``tensor`` into the arena (waiting for a GPU copy), then write it asynchronously."""
     src = _flat_bytes(tensor)
     arena = _arena(engine)
@@ -214,7 +227,7 @@ def staged_write(engine: IOEngine, handle: FileHandle, offset: int, tensor: Any)
 _STREAMS: dict[int, Any] = {}
 
 
-def _copy_stream(engine: IOEngine, device: Any) -> Any:
+def _copy_stream(engine: StagingEngine, device: Any) -> Any:
     import torch
 
     key = (id(engine) << 8) | (device.index or 0)

@@ -11,9 +11,10 @@ run under ``torch.utils.checkpoint`` and save nothing here.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -21,10 +22,11 @@ from carina.memory.tiers import Tier
 from carina.offload.simulator import Action
 
 if TYPE_CHECKING:
+    from carina.memory.store import TensorStore
     from carina.offload.blocks import ParamGroup
-    from carina.offload.runtime import OffloadRuntime
+    from carina.offload.streams import Mover
 
-__all__ = ["ActivationManager"]
+__all__ = ["ActivationManager", "ActivationRuntime"]
 
 #: Tensors smaller than this are always kept (metadata, rotary tables).
 SWAP_MIN_BYTES = 1024
@@ -60,10 +62,31 @@ class _BlockActs:
     saved_bytes: int = 0
 
 
+class ActivationRuntime(Protocol):
+    """What the manager uses of its runtime (:class:`~carina.offload.runtime.OffloadRuntime`)."""
+
+    device: torch.device
+    store: TensorStore
+    mover: Mover
+    groups: list[ParamGroup]
+    blocks: list[ParamGroup]
+    actions: list[Action]
+    storage_owner: dict[int, ParamGroup]
+    current: int | None
+    in_forward: bool
+    profiling: bool
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """A step-timer phase."""
+
+    def enter_backward(self, i: int) -> None:
+        """Backward has reached block ``i``."""
+
+
 class ActivationManager:
     """Packs and unpacks saved tensors for one runtime."""
 
-    def __init__(self, runtime: OffloadRuntime) -> None:
+    def __init__(self, runtime: ActivationRuntime) -> None:
         self.rt = runtime
         self._ctx: Any = None
         self._blocks: dict[int, _BlockActs] = defaultdict(_BlockActs)

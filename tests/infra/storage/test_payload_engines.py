@@ -8,7 +8,8 @@ import pytest
 from carina.core.errors import BackendUnavailable, ConfigError, IOEngineError
 from carina.infra.storage.codecs import Codec, Op
 from carina.infra.storage.config import EngineConfig, EngineKind, Overflow
-from carina.infra.storage.engines import InlineEngine, ThreadEngine, _split, build_engine
+from carina.infra.storage.enginebase import _split
+from carina.infra.storage.engines import InlineEngine, ThreadEngine, build_engine
 from carina.infra.storage.procengine import ProcessEngine
 from carina.infra.storage.torch_engine import TorchEngine
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from carina.infra.storage.codecs import ERR_CHECKSUM, ERR_CORRUPT, Codec, Op, run_jobs
-from carina.infra.storage.zvc import run_zvc_jobs, zvc_compress, zvc_decompress
+from carina.infra.storage.zvc import zvc_compress, zvc_decompress
+from carina.infra.storage.zvcbatch import run_zvc_jobs
 
 B = 64 << 10
 

@@ -22,212 +22,20 @@ batch (the GPU engines keep one per launch thread).
 
 from __future__ import annotations
 
-import abc
 import asyncio
-import contextlib
 import logging
-import mmap
-import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from carina.core.backend import Backend
 from carina.core.errors import BackendUnavailable
-from carina.infra.storage.codecs import Codec, Job, Result, codec_available, run_jobs
+from carina.infra.storage.codecs import Codec, Job, Result, run_jobs
 from carina.infra.storage.config import EngineConfig, EngineKind, Overflow
+from carina.infra.storage.enginebase import Arena, PayloadEngine, _Done
 
 __all__ = ["Arena", "InlineEngine", "PayloadEngine", "ThreadEngine", "build_engine"]  # ProcessEngine: lazily
 
 log = logging.getLogger("carina.infra.storage")
-
-_Done = Callable[[list[Result] | BaseException], None]
-
-
-class Arena:
-    """A flat byte buffer, optionally backed by a file in ``/dev/shm`` that workers map.
-
-    Args:
-        nbytes: Size of the arena.
-        shared: Back it by a shared-memory file (for worker processes).
-    """
-
-    def __init__(self, nbytes: int, *, shared: bool = False) -> None:
-        self.nbytes = nbytes
-        self.path: Path | None = None
-        if shared:
-            folder = "/dev/shm" if Path("/dev/shm").is_dir() else None
-            fd, name = tempfile.mkstemp(prefix="carina-arena-", dir=folder)
-            try:
-                os.ftruncate(fd, nbytes)
-                self._mm = mmap.mmap(fd, nbytes)
-            finally:
-                os.close(fd)
-            self.path = Path(name)
-        else:
-            self._mm = mmap.mmap(-1, nbytes)
-        self.view = memoryview(self._mm)
-
-    def unlink(self) -> None:
-        """Remove the shared file (mappings stay valid); safe to call twice."""
-        if self.path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-
-    def close(self) -> None:
-        """Unmap the arena; views into it must be gone."""
-        self.unlink()
-        self.view.release()
-        with contextlib.suppress(BufferError):
-            self._mm.close()
-
-
-class PayloadEngine(Backend):
-    """Base of payload engines: coalesces submitted jobs and hands batches to ``_launch``."""
-
-    name = "?"
-    #: Pieces one loop turn's jobs are cut into (one per worker for the CPU pools, one launch for a GPU).
-    pieces = 1
-    #: Fewest jobs worth a piece of their own.
-    min_jobs = 1
-    #: Fewest payload bytes worth a piece of their own (a GPU launch sequence costs the same for 4 KiB or 4 MiB).
-    min_piece_bytes = 0
-    #: Most jobs in one piece (0: no limit); longer pieces are cut, keeping each message to a worker small.
-    max_piece_jobs = 0
-
-    def __init__(self, arena: Arena, *, max_inflight: int = 0, overflow: Overflow = Overflow.QUEUE) -> None:
-        self.arena = arena
-        #: Most pieces in flight at once (0: no limit). While that many run, jobs submitted meanwhile (from
-        #: every connection) wait here and leave together as the next batch, the moment a piece comes back.
-        self.max_inflight = max_inflight
-        #: ``LOOP``: jobs that no idle worker takes run in the event loop's own thread (see :meth:`_flush`).
-        self.overflow = overflow
-        #: Pieces the event loop ran itself (``Overflow.LOOP``).
-        self.loop_pieces = 0
-        self._inflight = 0
-        self._pending: list[tuple[asyncio.Future[list[Result]], list[Job]]] = []
-        self._scheduled = False
-        self.batches = 0
-        self.jobs = 0
-
-    def unsupported_reasons(self, request: Any = None) -> list[str]:
-        """Reasons this engine cannot run codec ``request`` (a :class:`Codec`) here."""
-        if isinstance(request, Codec):
-            reason = codec_available(request)
-            return [reason] if reason else []
-        return []
-
-    async def run(self, jobs: Sequence[Job]) -> list[Result]:
-        """Run ``jobs`` (in one batch with any others submitted this loop turn)."""
-        if not jobs:
-            return []
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[list[Result]] = loop.create_future()
-        self._pending.append((fut, list(jobs)))
-        self._schedule(loop)
-        return await fut
-
-    def _room(self) -> int:
-        """Pieces that may be launched now (with ``Overflow.LOOP``: workers idle now)."""
-        room = self.pieces if self.max_inflight <= 0 else min(self.pieces, self.max_inflight - self._inflight)
-        return min(room, self.pieces - self._inflight) if self.overflow == Overflow.LOOP else room
-
-    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Flush the pending jobs at the end of this loop turn, unless every piece allowed is in flight."""
-        if self._pending and not self._scheduled and (self._room() > 0 or self.overflow == Overflow.LOOP):
-            self._scheduled = True
-            loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """Launch this loop turn's jobs as up to :attr:`pieces` pieces; each request completes with its pieces.
-
-        A request does not wait for pieces it has no jobs in, so a worker that
-        finishes early hands its requests back (and their next jobs arrive)
-        while the others are still busy: batches overlap instead of running in
-        lockstep.
-
-        With ``Overflow.LOOP`` only idle workers get a piece, and the event
-        loop runs one more piece itself, right here: what no worker is free
-        for (everything, when all are busy). On a machine with as many cores
-        as the pool has threads plus one, that keeps one runnable thread per
-        core, and the loop's piece costs no handoff and finds its payloads in
-        the cache of the core that just received them.
-        """
-        self._scheduled = False
-        room = max(self._room(), 0)
-        here = 1 if self.overflow == Overflow.LOOP else 0
-        if not self._pending or room + here <= 0:
-            return
-        pending, self._pending = self._pending, []
-        flat = [job for _, jobs in pending for job in jobs]
-        self.batches += 1
-        self.jobs += len(flat)
-        spans, pos = [], 0
-        for fut, jobs in pending:
-            spans.append((fut, pos, pos + len(jobs)))
-            pos += len(jobs)
-        results: list[Result] = [(0, 0, 0)] * len(flat)
-        block = max(flat[0][3] if flat[0][0] == 0 else flat[0][5], 1)
-        pieces = _split(len(flat), room + here, max(self.min_jobs, self.min_piece_bytes // block))
-        if self.max_piece_jobs:
-            cap = self.max_piece_jobs
-            pieces = [(lo, min(lo + cap, b)) for a, b in pieces for lo in range(a, b, cap)]
-        waits = [sum(1 for a, b in pieces if a < stop and start < b) for _, start, stop in spans]
-        for k, (a, b) in enumerate(pieces):  # the workers' pieces first, so they run while the loop runs its own
-            members = [i for i, (_, start, stop) in enumerate(spans) if a < stop and start < b]
-            finish = self._finisher(a, members, spans, waits, results)
-            self._inflight += 1
-            try:
-                if not here or k < room:
-                    self._launch(flat[a:b], finish)
-                else:
-                    self.loop_pieces += 1
-                    finish(run_jobs(self.arena.view, flat[a:b]))
-            except Exception as exc:  # noqa: BLE001 - fail the waiters, not the loop
-                finish(exc)
-
-    def _finisher(
-        self,
-        start: int,
-        members: list[int],
-        spans: list[tuple[asyncio.Future[list[Result]], int, int]],
-        waits: list[int],
-        results: list[Result],
-    ) -> _Done:
-        """The callback of one piece: store its results, finish the requests it ends, launch what waited."""
-
-        def done(out: list[Result] | BaseException) -> None:
-            self._inflight -= 1
-            if self._pending:
-                with contextlib.suppress(RuntimeError):  # no running loop: the engine is being torn down
-                    self._schedule(asyncio.get_running_loop())
-            if not isinstance(out, BaseException):
-                results[start : start + len(out)] = out
-            for i in members:
-                fut, lo, hi = spans[i]
-                waits[i] -= 1
-                if fut.done():
-                    continue
-                if isinstance(out, BaseException):
-                    fut.set_exception(out)
-                elif waits[i] == 0:
-                    fut.set_result(results[lo:hi])
-
-        return done
-
-    @abc.abstractmethod
-    def _launch(self, jobs: list[Job], done: _Done) -> None:
-        """Start ``jobs``; call ``done`` (in the loop thread) with results or an exception."""
-
-    def prepare(self, block_size: int, codec: Codec) -> None:
-        """Get ready for blocks of ``block_size`` in ``codec`` before the first request (default: nothing)."""
-        return None
-
-    def close(self) -> None:
-        """Stop workers and unmap the arena."""
-        self.arena.close()
 
 
 class InlineEngine(PayloadEngine):
@@ -246,13 +54,6 @@ class InlineEngine(PayloadEngine):
 
     def _launch(self, jobs: list[Job], done: _Done) -> None:
         done(run_jobs(self.arena.view, jobs))
-
-
-def _split(n_jobs: int, parts: int, min_jobs: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` ranges cutting ``n_jobs`` into at most ``parts`` pieces of at least ``min_jobs``."""
-    pieces = max(1, min(parts, n_jobs // max(min_jobs, 1)))
-    per = -(-n_jobs // pieces)
-    return [(start, min(start + per, n_jobs)) for start in range(0, n_jobs, per)]
 
 
 class ThreadEngine(PayloadEngine):

@@ -9,24 +9,48 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 from carina.core.errors import StorageProtocolError
 from carina.infra.storage import protocol as p
 
-if TYPE_CHECKING:
-    from carina.infra.storage.server import NbdConnection
-
-__all__ = ["Handshake"]
+__all__ = ["Handshake", "NbdPeer"]
 
 log = logging.getLogger("carina.infra.storage")
 
 
-class Handshake:
-    """Drives one connection from the greeting to transmission."""
+class NbdPeer(Protocol):
+    """What the handshake uses of its connection (:class:`~carina.infra.storage.server.NbdConnection`)."""
 
-    def __init__(self, conn: NbdConnection) -> None:
+    structured: bool
+
+    def send(self, *parts: bytes | memoryview) -> None:
+        """Queue reply bytes."""
+
+    def expect(self, nbytes: int, callback: Callable[[memoryview], None]) -> None:
+        """Call ``callback`` with the next ``nbytes`` bytes."""
+
+    def start_transmission(self) -> None:
+        """Go on to transmission (an export is chosen)."""
+
+    def close(self) -> None:
+        """Close the connection."""
+
+
+class Handshake:
+    """Drives one connection from the greeting to transmission.
+
+    Args:
+        conn: The connection.
+        export: The name of the one export served.
+        size: Its size in bytes.
+        block_size: Its preferred block size.
+    """
+
+    def __init__(self, conn: NbdPeer, *, export: str, size: int, block_size: int) -> None:
         self.conn = conn
+        self.export, self.size, self.block_size = export, size, block_size
         self.no_zeroes = False
 
     def start(self) -> None:
@@ -76,10 +100,9 @@ class Handshake:
 
     def _export_name(self, option: int, data: bytes) -> None:
         name = data.decode("utf-8", errors="replace")
-        if name not in (self.conn.server.export, ""):
+        if name not in (self.export, ""):
             raise StorageProtocolError("client asked for an unknown export", export=name)
-        size, flags = self.conn.tier.size, self.conn.server.transmission_flags
-        self.conn.send(p.export_name_reply(size, flags, no_zeroes=self.no_zeroes))
+        self.conn.send(p.export_name_reply(self.size, p.TRANSMISSION_FLAGS, no_zeroes=self.no_zeroes))
         self.conn.start_transmission()
 
     def _abort(self, option: int, data: bytes) -> None:
@@ -90,7 +113,7 @@ class Handshake:
         if data:
             self._error(option, p.Rep.ERR_INVALID, "NBD_OPT_LIST takes no data")
             return
-        name = self.conn.server.export.encode()
+        name = self.export.encode()
         self._reply(option, p.Rep.SERVER, struct.pack(">I", len(name)) + name)
         self._reply(option, p.Rep.ACK)
         self._next()
@@ -101,15 +124,13 @@ class Handshake:
         except StorageProtocolError as exc:
             self._error(option, p.Rep.ERR_INVALID, exc.message)
             return
-        server = self.conn.server
-        if req.name not in (server.export, ""):
+        if req.name not in (self.export, ""):
             self._error(option, p.Rep.ERR_UNKNOWN, f"no export named {req.name!r}")
             return
-        tier = self.conn.tier
-        self._reply(option, p.Rep.INFO, p.info_export(tier.size, server.transmission_flags))
+        self._reply(option, p.Rep.INFO, p.info_export(self.size, p.TRANSMISSION_FLAGS))
         if p.Info.NAME in req.infos:
-            self._reply(option, p.Rep.INFO, p.info_name(server.export))
-        self._reply(option, p.Rep.INFO, p.info_block_size(1, tier.block_size, p.MAX_PAYLOAD))
+            self._reply(option, p.Rep.INFO, p.info_name(self.export))
+        self._reply(option, p.Rep.INFO, p.info_block_size(1, self.block_size, p.MAX_PAYLOAD))
         self._reply(option, p.Rep.ACK)
         if option == p.Opt.GO:
             self.conn.start_transmission()

@@ -17,7 +17,7 @@ from typing import Any
 from carina.core.errors import BackendUnavailable, IOEngineError
 from carina.infra.storage.codecs import Job, Result, run_jobs
 from carina.infra.storage.config import Overflow
-from carina.infra.storage.engines import Arena, PayloadEngine, _Done
+from carina.infra.storage.enginebase import Arena, PayloadEngine, _Done
 
 __all__ = ["ProcessEngine"]
 

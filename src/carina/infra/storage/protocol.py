@@ -26,6 +26,7 @@ __all__ = [
     "MAX_PAYLOAD",
     "OPTION_HEADER",
     "REQUEST_HEADER",
+    "TRANSMISSION_FLAGS",
     "Cmd",
     "CmdFlag",
     "Errno",
@@ -98,6 +99,17 @@ class TransmissionFlag(enum.IntFlag):
     SEND_WRITE_ZEROES = 1 << 6
     SEND_DF = 1 << 7
     CAN_MULTI_CONN = 1 << 8
+
+
+#: Flags advertised with the export: flush, FUA, trim, write zeroes, several connections at once.
+TRANSMISSION_FLAGS = int(
+    TransmissionFlag.HAS_FLAGS
+    | TransmissionFlag.SEND_FLUSH
+    | TransmissionFlag.SEND_FUA
+    | TransmissionFlag.SEND_TRIM
+    | TransmissionFlag.SEND_WRITE_ZEROES
+    | TransmissionFlag.CAN_MULTI_CONN
+)
 
 
 class Opt(enum.IntEnum):

@@ -59,7 +59,7 @@ class NbdConnection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.transport: asyncio.Transport | None = None
-        self.handshake = Handshake(self)
+        self.handshake = Handshake(self, export=server.export, size=self.tier.size, block_size=self.tier.block_size)
         self.structured = False
 
     # -- asyncio callbacks -----------------------------------------------------------
@@ -351,8 +351,7 @@ class NbdServer:
     @property
     def transmission_flags(self) -> int:
         """Flags advertised with the export."""
-        f = p.TransmissionFlag
-        return int(f.HAS_FLAGS | f.SEND_FLUSH | f.SEND_FUA | f.SEND_TRIM | f.SEND_WRITE_ZEROES | f.CAN_MULTI_CONN)
+        return p.TRANSMISSION_FLAGS
 
     async def listen(self, host: str, port: int, *, reuse_port: bool = False) -> int:
         """Start listening on ``host:port`` (0 picks a port); return the port.

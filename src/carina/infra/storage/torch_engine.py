@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from carina.core.errors import BackendUnavailable
 from carina.infra.storage.codecs import Codec, Job, Result
-from carina.infra.storage.engines import Arena, PayloadEngine, _Done
+from carina.infra.storage.enginebase import Arena, PayloadEngine, _Done
 from carina.infra.storage.zvcbatch import ZvcBatcher
 
 __all__ = ["TorchEngine"]

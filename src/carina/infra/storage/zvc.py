@@ -11,12 +11,11 @@ fall back to raw).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from carina.infra.storage.codecs import Codec, Job, Result
+from carina.infra.storage.blockcodec import Codec
 
-__all__ = ["pack_rows", "run_zvc_jobs", "unpack_rows", "zvc_compress", "zvc_decompress"]
+__all__ = ["pack_rows", "unpack_rows", "zvc_compress", "zvc_decompress"]
 
 
 def _torch() -> Any:
@@ -97,10 +96,3 @@ def unpack_rows(rows: Any, codec: Any, size: Any) -> tuple[Any, Any]:
     idx = (cum + (head - 1)).clamp_(0, length - 1).to(torch.int64)
     decoded = rows.gather(1, idx) * (mask & (ok & ~is_raw).unsqueeze(1))
     return decoded + rows * (ok & is_raw).unsqueeze(1), ok
-
-
-def run_zvc_jobs(mv: memoryview, jobs: Sequence[Job], *, device: str = "cpu") -> list[Result]:
-    """Run ZVC jobs on ``device``: jobs of equal block length go to the device as one batch each."""
-    from carina.infra.storage.zvcbatch import ZvcBatcher
-
-    return ZvcBatcher(mv, device).run(jobs)

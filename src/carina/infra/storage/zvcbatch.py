@@ -26,7 +26,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from carina.infra.storage.codecs import (
+from carina.infra.storage.blockcodec import (
     ERR_CHECKSUM,
     ERR_CORRUPT,
     Codec,
@@ -35,12 +35,13 @@ from carina.infra.storage.codecs import (
     Result,
     job_groups,
     job_table,
-    run_jobs,
+    run_cpu_jobs,
 )
 from carina.infra.storage.graphs import GraphRunner
 from carina.infra.storage.rowcopy import RowMover, runs_of
+from carina.infra.storage.zvc import pack_rows, unpack_rows
 
-__all__ = ["ZvcBatcher", "host_crc32", "read_back"]
+__all__ = ["ZvcBatcher", "host_crc32", "read_back", "run_zvc_jobs"]
 
 
 class ZvcBatcher:
@@ -82,7 +83,7 @@ class ZvcBatcher:
     def run(self, jobs: Sequence[Job], *, stream: Any = None) -> list[Result]:
         """Results of ``jobs`` (in order); ``stream`` is the CUDA stream to run on (``None``: the current one).
 
-        Jobs the device does not take run on the CPU (:func:`~carina.infra.storage.codecs.run_jobs`),
+        Jobs the device does not take run on the CPU (:func:`~carina.infra.storage.blockcodec.run_cpu_jobs`),
         except malformed ZVC jobs (block length not a multiple of 8, too small a destination),
         which fail with ``ERR_CORRUPT``.
         """
@@ -100,7 +101,7 @@ class ZvcBatcher:
         out[bad] = (int(Codec.ZVC), ERR_CORRUPT, 0)
         other = rest[a[rest, 1] != Codec.ZVC].tolist()
         if other:
-            out[other] = run_jobs(self.mv, [jobs[i] for i in other])
+            out[other] = run_cpu_jobs(self.mv, [jobs[i] for i in other])
         return cast(list[Result], list(map(tuple, out.tolist())))
 
     def _group(self, a: np.ndarray, op: int, length: int, stream: Any) -> np.ndarray:
@@ -126,6 +127,11 @@ class ZvcBatcher:
             out = read_back(res)
         scatter()
         return out
+
+
+def run_zvc_jobs(mv: memoryview, jobs: Sequence[Job], *, device: str = "cpu") -> list[Result]:
+    """Run ZVC jobs on ``device``: jobs of equal block length go to the device as one batch each."""
+    return ZvcBatcher(mv, device).run(jobs)
 
 
 def read_back(res: Any) -> np.ndarray:
@@ -159,8 +165,6 @@ def _pack_step(rows: Any, *, crc: Any) -> tuple[Any, Any]:
     """ZVC-pack ``(n, L)`` rows: the stored rows and ``(codec, size, crc)`` of each (one graph on CUDA)."""
     import torch
 
-    from carina.infra.storage.zvc import pack_rows
-
     blocks, codec, size = pack_rows(rows)
     return blocks, torch.stack([codec, size, crc(blocks, size)], 1)
 
@@ -173,8 +177,6 @@ def _unpack_step(rows: Any, meta: Any, *, crc: Any) -> tuple[Any, Any]:
 def _unpack(rows: Any, meta: Any, crc: Any) -> tuple[Any, Any]:
     """Check and decode stored rows; ``meta`` is ``(codec, stored length, expected CRC)`` per row, stacked."""
     import torch
-
-    from carina.infra.storage.zvc import unpack_rows
 
     codec, size, want = meta
     length = rows.shape[1]
