@@ -117,7 +117,9 @@ def _merge(off: np.ndarray, lengths: np.ndarray, pos: np.ndarray, limit: int) ->
     return off[starts], run_len, pos[starts]
 
 
-def gather(engine: IOEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any) -> IOFuture:
+def gather(
+    engine: IOEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any, *, coalesce: bool = True
+) -> IOFuture:
     """See :meth:`carina.io.IOEngine.gather`."""
     engine._check_handle(handle)
     if is_cuda_tensor(dest):
@@ -130,7 +132,7 @@ def gather(engine: IOEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest
         raise ConfigError(f"dest holds {view.nbytes} bytes, the rows need {total}", key="dest")
     future = IOFuture(Request(OpKind.READ, str(handle.path), int(off[0]) if len(off) else 0, total))
     future.set_running_or_notify_cancel()
-    m_off, m_len, m_pos = _merge(off, lengths, pos, engine.config.max_coalesce)
+    m_off, m_len, m_pos = _merge(off, lengths, pos, engine.config.max_coalesce) if coalesce else (off, lengths, pos)
     engine.stats["requests"] += len(off)
     engine.stats["merged"] += len(off) - len(m_off)
     align = handle.alignment
