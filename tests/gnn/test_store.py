@@ -112,6 +112,10 @@ def test_one_gather_per_batch_one_read_per_run(small_dataset, backend, monkeypat
         assert s.stats.ios == eng.stats["ops"] == eng.stats["requests"] == 5
         assert eng.stats["merged"] == 0
         assert s.stats.pages == 13 and s.stats.bytes_read == eng.stats["bytes"] == 13 * PAGE
+        other = torch.arange(100 * rows_per_page, 103 * rows_per_page)
+        y = s.gather(other)  # reuses the page buffer of the first batch
+        assert torch.equal(y, node_features(other, dim=100, seed=3))
+        assert torch.equal(x, node_features(ids, dim=100, seed=3))  # the first batch's rows were copied out
         s.close()
 
 

@@ -85,14 +85,11 @@ def page_runs(pages: np.ndarray, *, gap_pages: int = 0, max_run_pages: int = 64)
     breaks = np.flatnonzero(np.diff(pages) > gap_pages + 1) + 1
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [pages.size]])
-    firsts, counts = [], []
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        lo, hi = int(pages[s]), int(pages[e - 1]) + 1
-        chunk = np.arange(lo, hi, max_run_pages, dtype=np.int64)
-        firsts.append(chunk)
-        counts.append(np.minimum(max_run_pages, hi - chunk))
-    first = np.concatenate(firsts)
-    n = np.concatenate(counts)
+    lo, hi = pages[starts].astype(np.int64), pages[ends - 1].astype(np.int64) + 1
+    pieces = -(-(hi - lo) // max_run_pages)  # a run longer than max_run_pages is cut (vectorised: no loop per run)
+    piece = np.arange(int(pieces.sum()), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    first = np.repeat(lo, pieces) + piece * max_run_pages
+    n = np.minimum(max_run_pages, np.repeat(hi, pieces) - first)
     buf = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
     return PageRuns(first, n, buf, int(n.sum()))
 
@@ -164,14 +161,17 @@ class OutOfCoreFeatures:
         self.stats = FetchStats()
         self.dim = self.manifest.feature_dim
         self.dtype = self.manifest.torch_dtype
+        self._spare: np.ndarray | None = None  # one page buffer kept between batches
+        self._spare_lock = threading.Lock()
 
     def attach_cache(self, cache: StaticCache | None) -> None:
         """Use ``cache`` (built with :meth:`read_rows` as its fetch function)."""
         self.cache = cache
 
     def close(self) -> None:
-        """Close the feature file (the engine stays open)."""
+        """Close the feature file (the engine stays open) and drop the spare page buffer."""
         self.engine.close_file(self.handle)
+        self._spare = None
 
     # -- stage 1 ----------------------------------------------------------------
     def plan(self, n_id: torch.Tensor) -> FetchPlan:
@@ -207,17 +207,34 @@ class OutOfCoreFeatures:
 
         ``count=False`` leaves :attr:`stats` alone (cache filling).
         """
+        runs = plan.runs
+        full = self._take_buffer(max(runs.total_pages, 1) * PAGE)
+        buf = full[: max(runs.total_pages, 1) * PAGE]
+        try:
+            if runs.run_first.size:  # one vectorised gather: no Python object per run (see module doc)
+                offsets, lengths = runs.run_first * PAGE, runs.run_pages * PAGE
+                self.engine.gather(self.handle, offsets, lengths, buf, coalesce=False).result()
+            m = self.manifest
+            if count:
+                self._count(plan, int(runs.run_first.size))
+            return _cut_rows(buf, runs, plan, m.row_stride, m.row_bytes, self.dtype, self.dim)
+        finally:  # the rows are copied out: the page buffer serves the next batch
+            self._give_back(full)
+
+    def _take_buffer(self, nbytes: int) -> np.ndarray:
+        """The spare page buffer if it is large enough (no fresh pages to fault in), else a new one."""
         from carina.io import aligned_buffer
 
-        runs = plan.runs
-        buf = aligned_buffer(max(runs.total_pages, 1) * PAGE)
-        if runs.run_first.size:  # one vectorised gather: no Python object per run (see module doc)
-            offsets, lengths = runs.run_first * PAGE, runs.run_pages * PAGE
-            self.engine.gather(self.handle, offsets, lengths, buf, coalesce=False).result()
-        m = self.manifest
-        if count:
-            self._count(plan, int(runs.run_first.size))
-        return _cut_rows(buf, runs, plan, m.row_stride, m.row_bytes, self.dtype, self.dim)
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.nbytes >= nbytes:
+            return spare
+        return aligned_buffer(nbytes)
+
+    def _give_back(self, buf: np.ndarray) -> None:
+        with self._spare_lock:
+            if self._spare is None or buf.nbytes > self._spare.nbytes:
+                self._spare = buf
 
     def _count(self, plan: FetchPlan, ios: int) -> None:
         runs = plan.runs
