@@ -126,18 +126,22 @@ def main() -> None:
             peers = {k: res[k]["read_s_per_batch"] for k in ("gather", "read_batch", "sync-reads") if k != path}
             figures.append(
                 Figure(
-                    name=f"{mode}.{path}.read_s_per_batch", value=res[path]["read_s_per_batch"], unit="s", peers=peers
-                )
-            )
-            figures.append(Figure(name=f"{mode}.{path}.reads_per_s", value=res[path]["reads_per_s"], unit="reads/s"))
-            figures.append(
-                Figure(
-                    name=f"{mode}.{path}.cpu_s_per_1k_reads",
-                    value=res[path]["cpu_s_per_1k_reads"],
+                    name=f"{mode}.{path}.read_s_per_batch",
+                    value=res[path]["read_s_per_batch"],
                     unit="s",
-                    peers={"sync-reads": res["sync-reads"]["cpu_s_per_1k_reads"]},
+                    higher_is_better=False,
+                    peers=peers,
                 )
             )
+        figures.append(
+            Figure(
+                name=f"{mode}.read_batch.cpu_s_per_1k_reads",
+                value=res["read_batch"]["cpu_s_per_1k_reads"],
+                unit="s",
+                higher_is_better=False,
+                peers={"gather": res["gather"]["cpu_s_per_1k_reads"]},
+            )
+        )
     rec = make_record(
         name=args.name,
         figures=figures,
