@@ -47,12 +47,13 @@ from outofcore_peers import (
     generated_table,
     generator_fetch,
     measure,
+    measure_boxed,
 )
 from outofcore_record import write
 
 from carina.gnn.cache import CacheConfig, HotnessSource
 from carina.gnn.calibrate import calibrate_machine, profile_workload
-from carina.gnn.costmodel import MachineSpec, Overlap, best_gap_pages, predict
+from carina.gnn.costmodel import MachineSpec, Overlap, best_gap_pages, hit_rate, predict
 from carina.gnn.dataset import Dataset, PrepareConfig, prepare
 from carina.gnn.runner import RunConfig, build_cache
 from carina.gnn.store import OutOfCoreFeatures, StoreConfig
@@ -237,7 +238,8 @@ class Bench:
         peer_cfg.train.seed += a.peer_seed_offset
         if self.fits("mmap"):
             cold = make_cold(self.ds.features_path)
-            run = measure(self.ds, peer_cfg, MmapFeatures(self.ds, a.device), a.warmup, verify=True)
+            rows = self.work.unique_per_batch
+            run = measure_boxed(self.ds, peer_cfg, MmapFeatures(self.ds, a.device), a.warmup, rows)
             run["cold"] = cold | {"resident_after_run": resident_fraction(self.ds.features_path)}
             self.results["mmap"] = run
             self.save()
@@ -250,7 +252,8 @@ class Bench:
             fetch = generator_fetch(self.ds, a.device) if a.features_from == "generator" else None
             store.attach_cache(build_cache(self.ds, sync_cfg, store, fetch=fetch))
             sync = SyncReadFeatures(store, self.ds.features_path)
-            run = measure(self.ds, sync_cfg, sync, a.warmup, verify=True)
+            rows = self.work.unique_per_batch * (1 - hit_rate(self.work.hotness_curve, b))
+            run = measure_boxed(self.ds, sync_cfg, sync, a.warmup, rows)
             self.results["sync-reads"] = run | {"reads": sync.reads, "budget": b}
             sync.close()
             store.close()

@@ -28,19 +28,46 @@ from carina.gnn.store import OutOfCoreFeatures
 _CHUNK = 1 << 20
 
 
+class TimeBox(Exception):
+    """A peer's read passed its deadline inside a batch (its rate is then taken from rows read)."""
+
+
+class RowClock:
+    """Rows a slow peer read and the seconds it spent, with a deadline checked between chunks."""
+
+    def __init__(self) -> None:
+        self.rows, self.seconds, self.deadline = 0, 0.0, float("inf")
+
+    def arm(self, seconds: float) -> None:
+        self.deadline = time.perf_counter() + seconds if seconds else float("inf")
+
+    def tick(self, rows: int, since: float) -> None:
+        now = time.perf_counter()
+        self.rows += rows
+        self.seconds += now - since
+        if now > self.deadline:
+            raise TimeBox(f"{self.rows} rows in {self.seconds:.1f} s")
+
+
 class MmapFeatures:
-    """PyG+-style baseline: fancy indexing into a memory map of the feature file."""
+    """PyG+-style baseline: fancy indexing into a memory map of the feature file (64k rows at a time)."""
 
     def __init__(self, ds: Dataset, device: str) -> None:
         m = ds.manifest
         self.m, self.device = m, torch.device(device)
         self.rows = np.memmap(ds.features_path, dtype=np.uint8, mode="r", shape=(m.num_nodes, m.row_stride))
+        self.clock = RowClock()
 
     def plan(self, n_id: torch.Tensor) -> torch.Tensor:
         return n_id.cpu()
 
     def read(self, plan: torch.Tensor) -> torch.Tensor:
-        raw = np.ascontiguousarray(self.rows[plan.numpy(), : self.m.row_bytes])
+        ids = plan.numpy()
+        raw = np.empty((ids.size, self.m.row_bytes), dtype=np.uint8)
+        for lo in range(0, ids.size, 1 << 16):
+            t0 = time.perf_counter()
+            raw[lo : lo + (1 << 16)] = self.rows[ids[lo : lo + (1 << 16)], : self.m.row_bytes]
+            self.clock.tick(min(1 << 16, ids.size - lo), t0)
         return torch.from_numpy(raw).view(self.m.torch_dtype).reshape(-1, self.m.feature_dim)
 
     def assemble(self, plan: torch.Tensor, missing: torch.Tensor) -> torch.Tensor:
@@ -57,6 +84,7 @@ class SyncReadFeatures:
         span = -(-self.m.row_stride // PAGE) * PAGE + PAGE
         self.buf = mmap.mmap(-1, span)  # page aligned
         self.reads = 0
+        self.clock = RowClock()
 
     def plan(self, n_id: torch.Tensor) -> Any:
         return self.store.plan(n_id)
@@ -65,6 +93,7 @@ class SyncReadFeatures:
         m, ids = self.m, plan.lookup.miss_ids.tolist()
         out = torch.empty(len(ids), m.row_bytes, dtype=torch.uint8)
         view = memoryview(self.buf)
+        t0 = time.perf_counter()
         for i, v in enumerate(ids):
             off = v * m.row_stride
             first = off // PAGE * PAGE
@@ -72,7 +101,11 @@ class SyncReadFeatures:
             os.preadv(self.fd, [view[:n]], first)
             lo = off - first
             out[i] = torch.frombuffer(self.buf, dtype=torch.uint8, count=m.row_bytes, offset=lo)
-        self.reads += len(ids)
+            self.reads += 1
+            if i % 4096 == 4095:
+                self.clock.tick(4096, t0)
+                t0 = time.perf_counter()
+        self.clock.tick(len(ids) % 4096, t0)
         return out.view(m.torch_dtype).reshape(len(ids), m.feature_dim)
 
     def assemble(self, plan: Any, missing: torch.Tensor) -> torch.Tensor:
@@ -138,6 +171,32 @@ class Checksummed:
         if self.verify is not None:
             self.exact &= bool(torch.equal(x, generated_rows(self.verify, plan[0], str(x.device))))
         return x
+
+
+def measure_boxed(ds: Dataset, cfg: RunConfig, source: Any, warmup: int, rows_per_batch: float) -> dict[str, Any]:
+    """:func:`measure` for a slow peer with a ``clock``.
+
+    The epoch stops after the batch that crosses ``time_limit_s``; a read still running at 1.5x
+    the limit is stopped, and the rate is then extrapolated from the rows read per second and the
+    rows a batch reads (``rows_per_batch``; ``rate_basis`` says so).
+    """
+    source.clock.arm(1.5 * cfg.train.time_limit_s)
+    try:
+        return measure(ds, cfg, source, warmup, verify=True)
+    except TimeBox as stop:
+        c = source.clock
+        rows_per_s = c.rows / c.seconds if c.seconds else 0.0
+        batch_s = rows_per_batch / rows_per_s if rows_per_s else float("inf")
+        return {
+            "seeds_per_s": cfg.train.batch_size / batch_s if rows_per_s else 0.0,
+            "rate_basis": f"extrapolated: no batch finished in the time box ({stop}); "
+            f"{rows_per_batch:.0f} rows per batch at {rows_per_s:.0f} rows/s",
+            "batches": 0,
+            "rows_read": c.rows,
+            "read_s": c.seconds,
+            "losses": [],
+            "row_checksums": [],
+        }
 
 
 def measure(ds: Dataset, cfg: RunConfig, source: Any, warmup: int, *, verify: bool = False) -> dict[str, Any]:
