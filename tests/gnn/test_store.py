@@ -9,7 +9,7 @@ from carina.gnn.cache import CacheConfig, StaticCache, degree_hotness, presample
 from carina.gnn.dataset import PAGE, PrepareConfig, prepare
 from carina.gnn.graph import node_features
 from carina.gnn.sampler import NeighborSampler
-from carina.gnn.store import OutOfCoreFeatures, StoreConfig, page_runs
+from carina.gnn.store import OutOfCoreFeatures, StoreConfig, _sorted_unique, page_runs
 from carina.io import IOConfig, IOEngine
 
 
@@ -175,3 +175,10 @@ def test_page_runs_cover_each_page_once(pages, gap, max_run):
         assert np.array_equal(covered[pos], p)  # every needed page found where the buffer holds it
     if gap == 0 and p.size:
         assert runs.total_pages == p.size  # no gap pages read
+
+
+@given(st.lists(st.integers(0, 50), max_size=60), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_sorted_unique_equals_numpy_unique(values, presort):
+    v = np.array(sorted(values) if presort else values, dtype=np.int64)
+    assert np.array_equal(_sorted_unique(v), np.unique(v))

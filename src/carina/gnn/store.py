@@ -183,7 +183,7 @@ class OutOfCoreFeatures:
         last = (ids * stride + stride - 1) // PAGE
         span = int((last - first).max()) + 1 if ids.size else 1
         need = first if span == 1 else (first[:, None] + np.arange(span)).reshape(-1)
-        pages = np.unique(need)
+        pages = _sorted_unique(need)
         runs = page_runs(pages, gap_pages=self.config.gap_pages, max_run_pages=self.config.max_run_pages)
         return FetchPlan(n_id=n_id, lookup=lookup, runs=runs, row_page=first)
 
@@ -280,6 +280,21 @@ class OutOfCoreFeatures:
         out = torch.empty_like(rows)
         out[plan.lookup.miss_pos] = rows
         return out
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Distinct values of an array that is already non-decreasing (miss ids come sorted), in O(n).
+
+    ``np.unique`` sorts (or, in NumPy 2.x, hashes) whatever it gets: ~3 s for the 1.7M pages of a
+    [25,10] @ 8000 batch on the CPU machine, against milliseconds here. Unsorted input falls back
+    to it.
+    """
+    if values.size < 2:
+        return values.copy()
+    step = values[1:] != values[:-1]
+    if not (values[1:] >= values[:-1]).all():
+        return np.unique(values)
+    return values[np.concatenate(([True], step))]
 
 
 def _cut_rows(
