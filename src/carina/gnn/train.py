@@ -58,7 +58,8 @@ class TrainConfig(Config):
         pipeline_depth: Batches alive at once (1: serial).
         seed: Seed of the sampler and model init.
         time_limit_s: Stop the epoch after the batch that ends past this many seconds (0: no
-            limit); a time-boxed measurement on a slow disk.
+            limit), and start no read of a further batch past it (the pipeline's ``deadline``):
+            a time-boxed measurement on a slow disk.
         deterministic: Train under ``torch.use_deterministic_algorithms(True)`` (see
             :func:`deterministic_algorithms`): on CUDA, PyG's scatter-add aggregation and the
             backward of ``index_select`` then run sort-based instead of with atomics, so two runs
@@ -186,12 +187,13 @@ def train_epoch(
     device = next(model.parameters()).device
     labels_dev = labels.to(device)
     batches = _limited(sampler.batches(train_idx, cfg.batch_size), cfg.max_batches)
-    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth)
+    t0 = time.perf_counter()
+    deadline = t0 + cfg.time_limit_s if cfg.time_limit_s else 0.0
+    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth, deadline=deadline)
     losses: list[float] = []
     seeds = edges = 0
     train_s = 0.0
     model.train()
-    t0 = time.perf_counter()
     for batch, x in pipe:
         t1 = time.perf_counter()
         loss = train_step(model, optimizer, batch, x, labels_dev)
