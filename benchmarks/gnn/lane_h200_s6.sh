@@ -84,7 +84,7 @@ if [ -f "$DATA/manifest.json" ]; then
   fi
 fi
 # summary: key figures of the records written above (reads them only)
-$PY - "$OUT/gnn" "$TAG" <<'EOF' 2>&1 | tee -a "$LOG"
+timeout 15 $PY - "$OUT/gnn" "$TAG" <<'EOF' 2>&1 | tee -a "$LOG"
 import json, sys
 from pathlib import Path
 
