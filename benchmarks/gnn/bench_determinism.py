@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 import torch
-from bench_outofcore import measure
+from outofcore_peers import measure
 
 from carina.core.bench import Basis, Figure, make_record, write_record
 from carina.gnn.cache import CacheConfig, HotnessSource

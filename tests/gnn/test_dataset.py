@@ -73,3 +73,12 @@ def test_bad_directories_are_named(tmp_path, small_dataset):
 def test_import_rejects_mismatched_labels(tmp_path):
     with pytest.raises(ConfigError):
         prepare_from_arrays(tmp_path, edge_index=[[0], [1]], features=torch.zeros(2, 2), labels=torch.zeros(3))
+
+
+@pytest.mark.parametrize("chunk_rows,dim", [(1000, 100), (256, 1024), (333, 7)])
+def test_features_written_in_chunks_are_exact(tmp_path, chunk_rows, dim):
+    """Chunks of any size (page-aligned or not) land where they belong; the file is padded to pages."""
+    cfg = PrepareConfig(num_nodes=2500, avg_degree=3, feature_dim=dim, seed=4, chunk_rows=chunk_rows)
+    ds = prepare(cfg, tmp_path)
+    assert ds.features_path.stat().st_size == ds.manifest.feature_bytes
+    assert torch.equal(ds.read_all_features(), node_features(torch.arange(2500), dim=dim, seed=4))

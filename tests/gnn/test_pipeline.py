@@ -72,3 +72,22 @@ def test_early_exit_stops_threads():
 def test_depth_must_be_positive():
     with pytest.raises(ConfigError):
         FeaturePipeline(_batches(1), CountingSource(), depth=0)
+
+
+class CountingReads(CountingSource):
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def read(self, plan):
+        self.reads += 1
+        return super().read(plan)
+
+
+def test_past_the_deadline_no_read_ahead_starts():
+    """A deadline already passed: the first batch is still read and yielded, no later batch is read."""
+    src = CountingReads()
+    pipe = FeaturePipeline(_batches(10), src, depth=3, deadline=time.perf_counter() - 1.0)
+    got = [b.index for b, _ in pipe]
+    assert got == [0] and src.reads == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("gnn-")]

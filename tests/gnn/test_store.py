@@ -9,7 +9,7 @@ from carina.gnn.cache import CacheConfig, StaticCache, degree_hotness, presample
 from carina.gnn.dataset import PAGE, PrepareConfig, prepare
 from carina.gnn.graph import node_features
 from carina.gnn.sampler import NeighborSampler
-from carina.gnn.store import OutOfCoreFeatures, StoreConfig, page_runs
+from carina.gnn.store import OutOfCoreFeatures, StoreConfig, _sorted_unique, page_runs
 from carina.io import IOConfig, IOEngine
 
 
@@ -77,6 +77,48 @@ def test_gap_pages_trade_bytes_for_ios(small_dataset, engine):
     assert torch.equal(x, node_features(ids, dim=100, seed=3))
 
 
+@pytest.mark.parametrize("backend", ["posix", "uring"])
+def test_one_gather_per_batch_one_read_per_run(small_dataset, backend, monkeypatch):
+    """A batch's runs go to the engine as one vectorised gather, one read per run (no re-merging).
+
+    Machine-independent counts: the reads the engine issues equal the store's IOs and
+    runs, the bytes equal the pages, no per-request op is made, and the rows are exact.
+    """
+    from carina.io import choose_backend
+
+    if choose_backend(backend).backend.reasons:
+        pytest.skip(f"{backend} cannot run here")
+    rows_per_page = PAGE // small_dataset.manifest.row_stride
+    # pages 0-9 (cut into runs of 4 adjacent pages by max_run_pages), page 20, pages 40-41
+    ids = torch.cat(
+        [
+            torch.arange(0, 10 * rows_per_page),
+            torch.tensor([20 * rows_per_page + 3]),
+            torch.arange(40 * rows_per_page, 42 * rows_per_page, 5),
+        ]
+    )
+    with IOEngine(IOConfig(backend=backend, queue_depth=8)) as eng:
+        s = OutOfCoreFeatures(small_dataset, engine=eng, config=StoreConfig(max_run_pages=4))
+        gathers, ops = [], []
+        real_gather, real_submit = eng.backend.submit_gather, eng.backend.submit
+        monkeypatch.setattr(eng.backend, "submit_gather", lambda g: (gathers.append(len(g.offsets)), real_gather(g)))
+        monkeypatch.setattr(eng.backend, "submit", lambda o: (ops.extend(o), real_submit(o)))
+        plan = s.plan(ids)
+        x = s.assemble(plan, s.read(plan))
+        assert torch.equal(x, node_features(ids, dim=100, seed=3))
+        runs = plan.runs
+        assert runs.run_pages.tolist() == [4, 4, 2, 1, 2]  # the adjacent 4-page runs stay apart
+        assert gathers == [5] and ops == []  # one gather of 5 reads; no request object per run
+        assert s.stats.ios == eng.stats["ops"] == eng.stats["requests"] == 5
+        assert eng.stats["merged"] == 0
+        assert s.stats.pages == 13 and s.stats.bytes_read == eng.stats["bytes"] == 13 * PAGE
+        other = torch.arange(100 * rows_per_page, 103 * rows_per_page)
+        y = s.gather(other)  # reuses the page buffer of the first batch
+        assert torch.equal(y, node_features(other, dim=100, seed=3))
+        assert torch.equal(x, node_features(ids, dim=100, seed=3))  # the first batch's rows were copied out
+        s.close()
+
+
 def test_read_rows_rejects_out_of_range(small_dataset, engine):
     s = _store(small_dataset, engine)
     with pytest.raises(ConfigError):
@@ -133,3 +175,10 @@ def test_page_runs_cover_each_page_once(pages, gap, max_run):
         assert np.array_equal(covered[pos], p)  # every needed page found where the buffer holds it
     if gap == 0 and p.size:
         assert runs.total_pages == p.size  # no gap pages read
+
+
+@given(st.lists(st.integers(0, 50), max_size=60), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_sorted_unique_equals_numpy_unique(values, presort):
+    v = np.array(sorted(values) if presort else values, dtype=np.int64)
+    assert np.array_equal(_sorted_unique(v), np.unique(v))

@@ -92,3 +92,15 @@ def test_deterministic_mode_rejects_nondeterministic_ops():
         x.put_(torch.tensor([0, 0]), torch.tensor([1.0, 2.0]), accumulate=False)
     x.put_(torch.tensor([0]), torch.tensor([1.0]))  # allowed again outside
     assert float(x[0]) == 1.0
+
+
+def test_time_limit_stops_after_the_batch_that_crosses_it(small_dataset):
+    """A limit every batch exceeds stops the epoch after one batch; the pipeline shuts down cleanly."""
+    cfg = _cfg(batches=6, gpu=0, host=0)
+    feats = InMemoryFeatures(small_dataset.read_all_features())
+    full = train_once(small_dataset, cfg, feats).losses
+    cfg.train.time_limit_s = 1e-9
+    boxed = train_once(small_dataset, cfg, feats)
+    assert boxed.losses == full[:1] and boxed.batches == 1
+    with pytest.raises(Exception, match="time_limit_s"):
+        TrainConfig(time_limit_s=-1)

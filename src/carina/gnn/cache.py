@@ -129,7 +129,8 @@ class StaticCache:
                 f"host cache of {host_rows} rows needs {host_rows * row_bytes} bytes",
                 budget=host_budget_bytes,
             )
-        order = torch.sort(hotness.cpu(), descending=True, stable=True).indices
+        # stable sort on the cache device (the same order as on the CPU; seconds faster at 2^26 nodes on a GPU)
+        order = torch.sort(hotness.to(self.device), descending=True, stable=True).indices.cpu()
         gpu_ids = order[:gpu_rows].sort().values
         host_ids = order[gpu_rows : gpu_rows + host_rows].sort().values
         self.slot = torch.full((n,), MISS, dtype=torch.int32)

@@ -74,12 +74,19 @@ class FeaturePipeline:
         batches: Yields sampled batches (sampling happens inside ``next``).
         source: The feature store.
         depth: Most batches alive at once (>= 1; 1 = no overlap).
+        deadline: A ``time.perf_counter()`` instant (0: none) after which the IO thread starts
+            no further read (the first batch is always read), so a time-boxed epoch does not
+            wait for a read ahead it will not use.
     """
 
-    def __init__(self, batches: Iterator[SampledBatch], source: FeatureSource, *, depth: int = 3) -> None:
+    def __init__(
+        self, batches: Iterator[SampledBatch], source: FeatureSource, *, depth: int = 3, deadline: float = 0.0
+    ) -> None:
         if depth < 1:
             raise ConfigError("pipeline depth must be >= 1", key="depth")
         self.depth = depth
+        self.deadline = deadline
+        self._reads = 0
         self.times = StageTimes()
         self.max_in_flight = 0
         self._batches = iter(batches)
@@ -188,6 +195,10 @@ class FeaturePipeline:
             if item is _STOP or isinstance(item, BaseException):
                 self._ready.put(item)
                 return
+            if self.deadline and self._reads and time.perf_counter() > self.deadline:
+                self._ready.put(_STOP)  # past the time box: no read ahead that nobody will train on
+                return
             batch, plan = item
             missing = self._timed("read", self._source.read, plan)
+            self._reads += 1
             self._ready.put((batch, plan, missing))

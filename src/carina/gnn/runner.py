@@ -80,8 +80,18 @@ def presample(dataset: Dataset, cfg: RunConfig) -> list[torch.Tensor]:
     return out
 
 
-def build_cache(dataset: Dataset, cfg: RunConfig, store: OutOfCoreFeatures) -> StaticCache:
-    """Rank nodes by the configured hotness and fill the cache from the store."""
+def build_cache(
+    dataset: Dataset,
+    cfg: RunConfig,
+    store: OutOfCoreFeatures,
+    *,
+    fetch: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> StaticCache:
+    """Rank nodes by the configured hotness and fill the cache from the store (or ``fetch``).
+
+    ``fetch`` (node ids -> rows, CPU) replaces the store's disk reads for filling, e.g. the
+    generator's :func:`~carina.gnn.graph.node_features` for a generated dataset (the same bytes).
+    """
     m = dataset.manifest
     if cfg.cache.hotness is HotnessSource.DEGREE:
         hot = degree_hotness(dataset.graph)
@@ -93,7 +103,7 @@ def build_cache(dataset: Dataset, cfg: RunConfig, store: OutOfCoreFeatures) -> S
         dim=m.feature_dim,
         dtype=m.torch_dtype,
         device=cfg.device,
-        fetch=store.read_rows,
+        fetch=fetch or store.read_rows,
     )
 
 

@@ -57,6 +57,9 @@ class TrainConfig(Config):
         max_batches: Stop the epoch after this many batches (0: all).
         pipeline_depth: Batches alive at once (1: serial).
         seed: Seed of the sampler and model init.
+        time_limit_s: Stop the epoch after the batch that ends past this many seconds (0: no
+            limit), and start no read of a further batch past it (the pipeline's ``deadline``):
+            a time-boxed measurement on a slow disk.
         deterministic: Train under ``torch.use_deterministic_algorithms(True)`` (see
             :func:`deterministic_algorithms`): on CUDA, PyG's scatter-add aggregation and the
             backward of ``index_select`` then run sort-based instead of with atomics, so two runs
@@ -71,6 +74,7 @@ class TrainConfig(Config):
     max_batches: int = 0
     pipeline_depth: int = 3
     seed: int = 0
+    time_limit_s: float = 0.0
     deterministic: bool = False
 
     def validate(self) -> None:
@@ -81,6 +85,7 @@ class TrainConfig(Config):
         require(self.lr > 0, "lr must be positive", key="lr")
         require(self.max_batches >= 0, "max_batches must be >= 0", key="max_batches")
         require(self.pipeline_depth >= 1, "pipeline_depth must be >= 1", key="pipeline_depth")
+        require(self.time_limit_s >= 0, "time_limit_s must be >= 0", key="time_limit_s")
 
 
 class GNN(torch.nn.Module):
@@ -182,12 +187,13 @@ def train_epoch(
     device = next(model.parameters()).device
     labels_dev = labels.to(device)
     batches = _limited(sampler.batches(train_idx, cfg.batch_size), cfg.max_batches)
-    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth)
+    t0 = time.perf_counter()
+    deadline = t0 + cfg.time_limit_s if cfg.time_limit_s else 0.0
+    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth, deadline=deadline)
     losses: list[float] = []
     seeds = edges = 0
     train_s = 0.0
     model.train()
-    t0 = time.perf_counter()
     for batch, x in pipe:
         t1 = time.perf_counter()
         loss = train_step(model, optimizer, batch, x, labels_dev)
@@ -197,6 +203,8 @@ def train_epoch(
         edges += int(batch.edge_index.shape[1])
         if on_batch is not None:
             on_batch(len(losses), loss)
+        if cfg.time_limit_s and time.perf_counter() - t0 >= cfg.time_limit_s:
+            break  # leaving the loop closes the pipeline (its threads stop after their current batch)
     wall = time.perf_counter() - t0
     return EpochResult(
         losses=losses,

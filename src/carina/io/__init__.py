@@ -18,7 +18,7 @@ Importing this package loads NumPy but never torch.
 from __future__ import annotations
 
 from carina.io._buffers import aligned_buffer
-from carina.io._cache import drop_cache
+from carina.io._cache import drop_cache, make_cold, resident_fraction
 from carina.io._cam import CamConfig, CamGather, CamTicket
 from carina.io._config import Direct, IOConfig
 from carina.io._engine import IOEngine
@@ -42,4 +42,6 @@ __all__ = [
     "aligned_buffer",
     "choose_backend",
     "drop_cache",
+    "make_cold",
+    "resident_fraction",
 ]

@@ -210,7 +210,7 @@ class IOEngine:
         self.stats["bytes"] += transfer.nbytes
         return transfer.start()
 
-    def gather(self, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any) -> IOFuture:
+    def gather(self, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any, *, coalesce: bool = True) -> IOFuture:
         """Read many rows of one file into ``dest``, packed in order, behind one future.
 
         Args:
@@ -218,6 +218,8 @@ class IOEngine:
             offsets: 1-D integer array of file offsets, one per row.
             nbytes: Row size (an int), or a 1-D array of sizes like ``offsets``.
             dest: Writable CPU buffer of at least ``sum(nbytes)`` bytes.
+            coalesce: Merge rows adjacent in the file into one read (``False``: one
+                read per row, as a caller that sized its reads itself wants).
 
         Returns:
             A future of the total bytes; a failed or short row fails it, naming
@@ -225,7 +227,7 @@ class IOEngine:
         """
         from carina.io._gather import gather
 
-        return gather(self, handle, offsets, nbytes, dest)
+        return gather(self, handle, offsets, nbytes, dest, coalesce=coalesce)
 
     def _run_gather(self, handle: FileHandle, op: GatherOp) -> None:
         self._acquire(block=True)

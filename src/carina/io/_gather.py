@@ -137,7 +137,9 @@ class GatherEngine(Protocol):
     def _gather_done(self, handle: FileHandle) -> None: ...
 
 
-def gather(engine: GatherEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any) -> IOFuture:
+def gather(
+    engine: GatherEngine, handle: FileHandle, offsets: Any, nbytes: Any, dest: Any, *, coalesce: bool = True
+) -> IOFuture:
     """See :meth:`carina.io.IOEngine.gather`."""
     engine._check_handle(handle)
     if is_cuda_tensor(dest):
@@ -150,7 +152,7 @@ def gather(engine: GatherEngine, handle: FileHandle, offsets: Any, nbytes: Any, 
         raise ConfigError(f"dest holds {view.nbytes} bytes, the rows need {total}", key="dest")
     future = IOFuture(Request(OpKind.READ, str(handle.path), int(off[0]) if len(off) else 0, total))
     future.set_running_or_notify_cancel()
-    m_off, m_len, m_pos = _merge(off, lengths, pos, engine.config.max_coalesce)
+    m_off, m_len, m_pos = _merge(off, lengths, pos, engine.config.max_coalesce) if coalesce else (off, lengths, pos)
     engine.stats["requests"] += len(off)
     engine.stats["merged"] += len(off) - len(m_off)
     align = handle.alignment
