@@ -14,6 +14,10 @@ what it measured. The ideal runs after the systems of its configuration (before 
 ideal and are rewritten with it. ``--budget`` bounds the whole run: a system left without time is a
 ``not run`` row with that reason.
 
+Configurations are the presets of ``presets.py``: a step's micro-batch split (gradient accumulation) and a
+host budget (the spill configuration) are part of a configuration, the same for every system and the ideal
+(which has no host budget). With ``--nvme-path`` each system spills into a folder of its own, removed after it.
+
 Ideal: plain PyTorch with unlimited memory; when the model does not fit, its step time is
 extrapolated from 4- and 8-layer truncations (time = a + b·layers). Roofline: the step cannot
 be faster than the ideal's compute, nor than moving the bf16 weights to the GPU twice (forward
