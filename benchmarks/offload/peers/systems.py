@@ -267,8 +267,10 @@ def _host_budget_reason(spec: RunSpec) -> str | None:
     need = 16 * n_params(spec)
     if need <= spec.host_budget_gib * 2**30:
         return None
+    from carina.memory.tiers import format_bytes
+
     return (
-        f"no NVMe tier: at least 16 B x {n_params(spec) / 1e9:.2f}B parameters = {need / 2**30:.1f} GiB of host "
+        f"no NVMe tier: at least 16 B x {n_params(spec) / 1e9:.3g}B parameters = {format_bytes(need)} of host "
         f"memory ({_HOST_NEED[spec.system]}), over the {spec.host_budget_gib:g} GiB host budget"
     )
 
