@@ -21,6 +21,16 @@ SPILL_SYSTEMS = [
     "fsdp2_cpu_offload",
     "torchao_cpu_offload",
 ]
+# the 7B shape truncated to 16 layers (3.50B parameters) under a 24 GiB cap, as S2; the ideal (plain uncapped,
+# every system's loss reference) first, so that a lane cut short still checks the systems that ran
+_7B16L: dict[str, Any] = {
+    "shape": "7b",
+    "layers": 16,
+    "budget": 24.0,
+    "seq_len": 2048,
+    "warmup": 3,
+    "ideal_first": True,
+}
 PRESETS: dict[str, dict[str, Any]] = {
     "ci": {
         "shape": "tiny",
@@ -82,14 +92,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "systems": [*PEERS, "torchao_cpu_offload_grads"],
     },
     "h200-7b16l": {  # the 7B shape truncated to 16 layers (3.50B parameters), as S2: 24 GiB / 8k
-        "shape": "7b",
-        "layers": 16,
+        **_7B16L,
         "tokens": [8192],
-        "budget": 24.0,
-        "seq_len": 2048,
         "steps": 3,
-        "warmup": 3,
-        "ideal_first": True,  # the loss reference before the slow systems: a lane cut short still checks them
         "systems": [
             "carina",
             "deepspeed_zero3_offload",
@@ -99,45 +104,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         ],
     },
     "h200-7b16l-32k": {  # the issue's headline configuration at 16 of the 7B shape's 32 layers: 24 GiB / 32k
-        "shape": "7b",
-        "layers": 16,
+        **_7B16L,
         "tokens": [32768],  # one micro-batch of 16 sequences for every system (what carina's plan takes at 32k)
-        "budget": 24.0,
-        "seq_len": 2048,
         "steps": 2,
-        "warmup": 3,
-        "ideal_first": True,
         # torchao last: at 8k it ran out of memory for fp32 weights (and gradients) alone, which 32k only adds to
         "systems": ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload_grads"],
     },
     "h200-7b16l-128k": {  # the issue's 128k tokens per step at 16 layers: 24 GiB, 8 micro-batches of 16k
-        "shape": "7b",
-        "layers": 16,
+        **_7B16L,
         "tokens": [131072],
         # what `carina offload plan --model llama2-7b --layers 16 --tokens-per-step 131072 --device-budget 20.5GB`
         # takes (1 or 2 micro-batches do not fit); the same split for every system
         "micro_batches": {131072: 8},
-        "budget": 24.0,
-        "seq_len": 2048,
         "steps": 2,
-        "warmup": 3,
-        "ideal_first": True,
         # torchao with offload_gradients cannot accumulate (its docs): an instant row, last
         "systems": ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload_grads"],
     },
     "h200-7b16l-spill": {  # the spill configuration at 16 layers: 24 GiB, 8k, host budget under the optimizer state
-        "shape": "7b",
-        "layers": 16,
+        **_7B16L,
         "tokens": [8192],
-        "budget": 24.0,
         # optimizer state (fp32 masters + both AdamW states) 12 B x 3.50B = 39.1 GiB; carina's plan needs ~52 GiB
         # unspilled, so most blocks' AdamW state goes to NVMe (the issue's 7B / 64 GB example scaled to 16 layers)
         "host_budget_gib": 36.0,
         "nvme": True,
-        "seq_len": 2048,
         "steps": 1,  # a disk-bound step (tens of seconds) for carina and ZeRO-Infinity: one timed step each
-        "warmup": 3,
-        "ideal_first": True,
         "systems": SPILL_SYSTEMS,
     },
     "h100-3b-check": {
