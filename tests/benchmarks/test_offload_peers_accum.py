@@ -45,15 +45,20 @@ def test_a_steps_tokens_do_not_depend_on_its_split():
         RunSpec(system="plain", tokens_per_step=256, seq_len=64, micro_batches=3)
 
 
-def test_the_presets_split_reaches_each_systems_settings():
+def test_the_presets_split_reaches_each_systems_settings(tmp_path, monkeypatch):
+    import ds_preflight
+
+    # DeepSpeed's row without training (a failed preflight), so that the test is fast where DeepSpeed is installed
+    failed = {"ops": {"cpu_adam": {"ok": False, "reason": "not built here"}}, "versions": {}}
+    monkeypatch.setenv("PEERS_DS_PREFLIGHT", str(ds_preflight.write(failed, tmp_path)))
     spec = base_spec(PRESETS["h200-7b16l-128k"], 131072, None)
     assert (spec.micro_batches, spec.layers, spec.gpu_budget_gib) == (8, 16, 24.0)
     for nvme in (False, True):
         cfg = ds_config(replace(spec, nvme_path="/nvme"), nvme=nvme)
         assert (cfg["gradient_accumulation_steps"], cfg["train_micro_batch_size_per_gpu"]) == (8, 8)
     assert base_spec(PRESETS["h200-7b16l-32k"], 32768, None).micro_batches == 1
-    # every system's record says the split, whether it ran or not (CPU: DeepSpeed may be absent, FSDP2 and
-    # torchao need CUDA, torchao with offload_gradients cannot accumulate)
+    # every system's record says the split, whether it ran or not (CPU: FSDP2 and torchao need CUDA,
+    # torchao with offload_gradients cannot accumulate)
     want = {"micro_batches": 2, "sequences_per_micro_batch": 2, "tokens_per_micro_batch": 128}
     for system in PRESETS["ci-accum"]["systems"]:
         if system in ("plain", "carina"):
