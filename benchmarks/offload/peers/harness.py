@@ -14,6 +14,10 @@ what it measured. The ideal runs after the systems of its configuration (before 
 ideal and are rewritten with it. ``--budget`` bounds the whole run: a system left without time is a
 ``not run`` row with that reason.
 
+Configurations are the presets of ``presets.py``: a step's micro-batch split (gradient accumulation) and a
+host budget (the spill configuration) are part of a configuration, the same for every system and the ideal
+(which has no host budget). With ``--nvme-path`` each system spills into a folder of its own, removed after it.
+
 Ideal: plain PyTorch with unlimited memory; when the model does not fit, its step time is
 extrapolated from 4- and 8-layer truncations (time = a + b·layers). Roofline: the step cannot
 be faster than the ideal's compute, nor than moving the bf16 weights to the GPU twice (forward
@@ -36,86 +40,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from presets import PRESETS, base_spec  # noqa: E402
 from workload import SHAPES, RunSpec, n_params  # noqa: E402
-
-PEERS = ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload"]
-PRESETS: dict[str, dict[str, Any]] = {
-    "ci": {
-        "shape": "tiny",
-        "tokens": [256],
-        "budget": None,
-        "seq_len": 64,
-        "steps": 4,
-        "warmup": 1,
-        "systems": ["plain", *PEERS],
-    },
-    "h100": {
-        "shape": "7b",
-        "tokens": [8192, 32768, 131072],
-        "budget": 24.0,
-        "seq_len": 2048,
-        "steps": 5,
-        "warmup": 3,  # carina's 2 profiling steps and one planned step are not timed
-        "systems": PEERS,
-    },
-    "h100-1b": {
-        "shape": "1b",
-        "tokens": [8192],
-        "budget": 8.0,
-        "seq_len": 2048,
-        "steps": 3,
-        "warmup": 3,  # carina's 2 profiling steps and one planned step are not timed
-        "systems": ["plain", *PEERS],
-    },
-    "h200-1b": {  # the lane's one-run comparison: every peer at 1.1B / 8 GiB / 8k, plain uncapped as reference
-        "shape": "1b",
-        "tokens": [8192],
-        "budget": 8.0,
-        "seq_len": 2048,
-        "steps": 3,
-        "warmup": 3,
-        "ideal_first": True,  # the loss reference before the systems: a lane cut short still checks them
-        "systems": [*PEERS, "torchao_cpu_offload_grads"],
-    },
-    "h200-7b16l": {  # the 7B shape truncated to 16 layers (3.50B parameters), as S2: 24 GiB / 8k
-        "shape": "7b",
-        "layers": 16,
-        "tokens": [8192],
-        "budget": 24.0,
-        "seq_len": 2048,
-        "steps": 3,
-        "warmup": 3,
-        "ideal_first": True,  # the loss reference before the slow systems: a lane cut short still checks them
-        "systems": [
-            "carina",
-            "deepspeed_zero3_offload",
-            "fsdp2_cpu_offload",
-            "torchao_cpu_offload_grads",
-            "torchao_cpu_offload",
-        ],
-    },
-    "h200-7b16l-32k": {  # the issue's headline configuration at 16 of the 7B shape's 32 layers: 24 GiB / 32k
-        "shape": "7b",
-        "layers": 16,
-        "tokens": [32768],  # one micro-batch of 16 sequences for every system (what carina's plan takes at 32k)
-        "budget": 24.0,
-        "seq_len": 2048,
-        "steps": 2,
-        "warmup": 3,
-        "ideal_first": True,
-        # torchao last: at 8k it ran out of memory for fp32 weights (and gradients) alone, which 32k only adds to
-        "systems": ["carina", "deepspeed_zero3_offload", "fsdp2_cpu_offload", "torchao_cpu_offload_grads"],
-    },
-    "h100-3b-check": {
-        "shape": "3b",
-        "tokens": [8192],
-        "budget": None,
-        "seq_len": 2048,
-        "steps": 5,
-        "warmup": 2,
-        "systems": ["plain", *PEERS],
-    },
-}
 
 
 def run_one(spec: RunSpec, timeout: float) -> dict[str, Any]:
@@ -149,6 +75,7 @@ def ideal_step_s(base: RunSpec, timeout: float) -> tuple[float | None, str, dict
 
     The third value is the uncapped plain run when it ran: the loss reference of every system.
     """
+    base = replace(base, host_budget_gib=None, nvme_path=None)  # unlimited memory: no host budget, no spill
     full = run_one(replace(base, system="plain", gpu_budget_gib=None), timeout)
     if full["status"] == "ok":
         return base.tokens_per_step / full["tokens_per_s"], "measured (plain PyTorch, uncapped)", full
@@ -200,6 +127,10 @@ def main() -> None:
     args = _args()
     preset = PRESETS[args.preset]
     systems = args.systems or list(preset["systems"])
+    if preset.get("nvme") and not args.nvme_path:
+        from carina.core.errors import ConfigError
+
+        raise ConfigError(f"preset {args.preset} spills to NVMe: give --nvme-path", key="nvme_path")
     if args.nvme_path and "deepspeed_zero_infinity" not in systems:
         systems.append("deepspeed_zero_infinity")
     command = " ".join(["python", *sys.argv])
@@ -208,17 +139,7 @@ def main() -> None:
     _say(f"calibrate: {json.dumps({k: round(v, 2) for k, v in calib.items()})} in {time.perf_counter() - t0:.0f} s")
     rows: list[dict[str, Any]] = []
     for tokens in preset["tokens"]:
-        base = RunSpec(
-            system="plain",
-            shape=preset["shape"],
-            layers=preset.get("layers"),
-            tokens_per_step=tokens,
-            seq_len=preset["seq_len"],
-            gpu_budget_gib=preset["budget"],
-            steps=preset["steps"],
-            warmup=preset["warmup"],
-            nvme_path=args.nvme_path,
-        )
+        base = base_spec(preset, tokens, args.nvme_path)
         row: dict[str, Any] = {
             "tokens": tokens,
             "tag": args.tag,
@@ -255,7 +176,7 @@ def _run_configuration(
             why = f"not run: {limit:.0f} s left of the harness's {args.budget:g} s budget"
             result = {"spec": asdict(replace(base, system=system)), "status": "not run", "reason": why}
         else:
-            result = run_one(replace(base, system=system), limit)
+            result = _run_system(replace(base, system=system), limit)
         row["results"][system] = result
         _say(f"{system} {row['tokens']} tokens: {_outcome(result)} in {time.perf_counter() - start:.0f} s")
         _write(rows, calib, command, args.out)
@@ -263,6 +184,24 @@ def _run_configuration(
         row["ideal_how"] = "not measured (--skip-ideal)"
     elif not ideal_first and _time_left(args, t0) >= 20:
         _run_ideal(row, base, calib, _time_left(args, t0))
+
+
+def _run_system(spec: RunSpec, timeout: float) -> dict[str, Any]:
+    """One system's run; with a spill directory, in a subdirectory of its own, removed afterwards.
+
+    A system's spill files (carina's tier, DeepSpeed's swap folders) never take the next one's disk.
+    """
+    if not spec.nvme_path:
+        return run_one(spec, timeout)
+    import shutil
+
+    own = Path(spec.nvme_path) / f"peers-{spec.system}"
+    shutil.rmtree(own, ignore_errors=True)
+    own.mkdir(parents=True)
+    try:
+        return run_one(replace(spec, nvme_path=str(own)), timeout)
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def _time_left(args: argparse.Namespace, t0: float) -> float:

@@ -38,6 +38,15 @@ def loss_check(result: dict[str, Any], reference: dict[str, Any] | None, *, gpu:
     }
 
 
+def host_check(result: dict[str, Any], budget_gib: float | None) -> dict[str, Any]:
+    """The run's peak host RSS against the configuration's host budget (empty without a budget)."""
+    if budget_gib is None:
+        return {}
+    peak = result.get("peak_host_rss_bytes")
+    budget = int(budget_gib * 2**30)
+    return {"budget_bytes": budget, "peak_host_rss_bytes": peak, "within": None if peak is None else peak <= budget}
+
+
 def _reference(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     plain = row["results"].get("plain")
     if plain is not None and plain.get("status") == "ok":
@@ -50,7 +59,9 @@ def _config_name(row: dict[str, Any]) -> str:
     budget = f"{base['gpu_budget_gib']:g}g" if base["gpu_budget_gib"] else "nocap"
     layers = f"{base['layers']}l" if base.get("layers") else ""
     tag = f"{row['tag']}_" if row.get("tag") else ""  # a run's name prefix (--tag), so runs never overwrite
-    return f"{tag}{base['shape']}{layers}_{row['tokens']}tok_{budget}"
+    host = f"_host{base['host_budget_gib']:g}g" if base.get("host_budget_gib") else ""  # the spill configurations
+    micro = f"_{base['micro_batches']}micro" if base.get("micro_batches", 1) > 1 else ""  # gradient accumulation
+    return f"{tag}{base['shape']}{layers}_{row['tokens']}tok{micro}_{budget}{host}"
 
 
 def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -> list[dict[str, Any]]:
@@ -99,6 +110,7 @@ def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -
                 "calibration": calib,
                 "loss_matches_plain": check.get("within"),
                 "loss_check": check,
+                "host_budget_check": host_check(result, row["base"].get("host_budget_gib")),
             }
             out.append(
                 make_record(
@@ -134,6 +146,7 @@ def _table_record(row: dict[str, Any], recs: list[dict[str, Any]], command: str)
                 "loss_within_bf16": {True: "yes", False: "no", None: "–"}[check.get("within")],
                 "loss_max_abs_diff": check.get("max_abs_diff", "–"),
                 "loss_drift": check.get("drift", "–"),
+                "host_within_budget": {True: "yes", False: "no", None: "–"}[m["host_budget_check"].get("within")],
                 "reason": m.get("reason", "")[:220],
             }
         )

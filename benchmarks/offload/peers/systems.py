@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, n_params, resolve_device, timed_loop
+from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, n_params, resolve_device, split, timed_loop
 
 
 def _autocast(device: str) -> Any:
@@ -23,15 +23,23 @@ def _autocast(device: str) -> Any:
     return torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=device.startswith("cuda"))
 
 
-def _hf_step(model: Any, optimizer: Any, device: str) -> Callable[[Any], float]:
-    def step(tokens: Any) -> float:
-        tokens = tokens.to(device)
-        with _autocast(device):
-            loss = model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
+def _hf_step(model: Any, optimizer: Any, device: str) -> Callable[[tuple[Any, ...]], float]:
+    """The user's loop with gradient accumulation: ``loss / n`` backward per micro-batch, one optimizer step.
+
+    Returns the step's loss: the mean of its micro-batches' losses.
+    """
+
+    def step(micro: tuple[Any, ...]) -> float:
+        total = 0.0
+        for cpu_tokens in micro:
+            tokens = cpu_tokens.to(device)
+            with _autocast(device):
+                loss = model(input_ids=tokens, labels=tokens).loss
+            (loss / len(micro)).backward()
+            total += float(loss.detach())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return total / len(micro)
 
     return step
 
@@ -64,8 +72,10 @@ def run_carina(spec: RunSpec) -> RunResult:
     cfg = co.OffloadConfig(
         device=device,
         device_budget=budget,
+        host_budget=int(spec.host_budget_gib * 2**30) if spec.host_budget_gib else None,
         nvme_path=spec.nvme_path,
-        nvme_budget=(200 << 30) if spec.nvme_path else 0,
+        nvme_budget=_nvme_room(spec.nvme_path),
+        grad_accumulation=spec.micro_batches,  # the user's loop below: loss / n backward per micro-batch
         # bf16 weights on the device (fp32 masters on the host), as FSDP2's bf16 param policy; fp32 on the CPU.
         compute_dtype=co.ComputeDtype.BFLOAT16 if device.startswith("cuda") else co.ComputeDtype.AUTO,
         step_timing=True,  # the phase split of each step (CUDA events; cheap), kept in the record
@@ -111,24 +121,12 @@ def _init_single_process_group(device: str) -> None:
 def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
     """FSDP2 fully_shard per decoder layer with CPUOffloadPolicy, world size 1, fused CPU AdamW."""
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     device = resolve_device(spec.device)
     if not device.startswith("cuda"):
         return RunResult(spec=spec, status="unavailable", reason="CPUOffloadPolicy offloads from a CUDA device")
     cap_gpu(spec, device)
-    _init_single_process_group(device)
-    mesh = init_device_mesh("cuda", (1,))
-    model = build_model(spec, device="cpu", checkpointing=True)
-    kwargs: dict[str, Any] = {
-        "mesh": mesh,
-        "offload_policy": CPUOffloadPolicy(pin_memory=True),
-        "mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
-    }
-    for layer in model.model.layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    model = fsdp2_model(spec, device)
     opt = torch.optim.AdamW(model.parameters(), **OPTIM, fused=True)
     result = timed_loop(spec, _hf_step(model, opt, device), device)
     result.settings = {
@@ -141,10 +139,37 @@ def run_fsdp2_cpu_offload(spec: RunSpec) -> RunResult:
     return result
 
 
+def fsdp2_model(spec: RunSpec, device: str, *, offload: bool = True) -> Any:
+    """The model of ``spec`` under ``fully_shard`` per decoder layer and the root, world size 1.
+
+    ``offload`` (CUDA): CPUOffloadPolicy and bf16 parameters with fp32 reduction. Without it (a gloo
+    CPU mesh, fp32) the same wrapping and loop run on a CPU, which is how the tests check FSDP2's
+    accumulation against plain PyTorch.
+    """
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    _init_single_process_group(device)
+    mesh = init_device_mesh("cuda" if device.startswith("cuda") else "cpu", (1,))
+    model = build_model(spec, device="cpu", checkpointing=True)
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
 def run_torchao_cpu_offload(spec: RunSpec, *, offload_gradients: bool = False) -> RunResult:
     """torchao's CPUOffloadOptimizer: weights on the GPU, AdamW states and step on the CPU."""
     import torch
 
+    if offload_gradients and spec.micro_batches > 1:  # torchao's docstring of offload_gradients says so
+        why = "offload_gradients is not compatible with gradient accumulation (torchao's CPUOffloadOptimizer docs)"
+        return RunResult(spec=spec, status="unavailable", reason=why)
     device = resolve_device(spec.device)
     if not device.startswith("cuda"):
         return RunResult(spec=spec, status="unavailable", reason="CPUOffloadOptimizer needs a CUDA device")
@@ -213,6 +238,52 @@ def _resident_note(spec: RunSpec) -> str:
     return f"{what} take {per} B x {n / 1e9:.2f}B parameters = {per * n / 2**30:.1f} GiB, against {cap}"
 
 
+_HOST_NEED = {  # systems without an NVMe tier: bytes per parameter they keep in host memory, and what they are
+    "deepspeed_zero3_offload": "fp32 master weights, fp32 gradients and both AdamW states in pinned CPU memory",
+    "fsdp2_cpu_offload": "fp32 sharded weights, fp32 gradients and both AdamW states on the CPU",
+    "torchao_cpu_offload": "pinned fp32 host copies of weights and gradients, and both AdamW states",
+    "torchao_cpu_offload_grads": "pinned fp32 host copies of weights and gradients, and both AdamW states",
+}
+
+ACCUMULATION = {  # how each system accumulates gradients over a step's micro-batches (its documented way)
+    "plain": "loss / n backward per micro-batch, one optimizer.step()",
+    "carina": "Config(grad_accumulation=n); the user's loop: loss / n backward per micro-batch, one step()",
+    "deepspeed_zero3_offload": "gradient_accumulation_steps=n in the config; engine.backward(loss) and "
+    "engine.step() per micro-batch (DeepSpeed divides by n and steps the optimizer at the boundary)",
+    "fsdp2_cpu_offload": "loss / n backward per micro-batch, one optimizer.step(); gradients reduced to the "
+    "CPU every micro-batch (set_requires_gradient_sync(False) would keep every layer's unsharded fp32 "
+    "gradients on the GPU)",
+    "torchao_cpu_offload": "loss / n backward per micro-batch (the hook copies the summed gradient again), "
+    "one optimizer.step()",
+    "torchao_cpu_offload_grads": "none: offload_gradients frees GPU gradients, which accumulation needs",
+}
+ACCUMULATION["deepspeed_zero_infinity"] = ACCUMULATION["deepspeed_zero3_offload"]
+
+
+def _host_budget_reason(spec: RunSpec) -> str | None:
+    """Why a system without an NVMe tier cannot run under the configuration's host budget (None: it may)."""
+    if spec.host_budget_gib is None or spec.system not in _HOST_NEED:
+        return None
+    need = 16 * n_params(spec)
+    if need <= spec.host_budget_gib * 2**30:
+        return None
+    from carina.memory.tiers import format_bytes
+
+    return (
+        f"no NVMe tier: at least 16 B x {n_params(spec) / 1e9:.3g}B parameters = {format_bytes(need)} of host "
+        f"memory ({_HOST_NEED[spec.system]}), over the {spec.host_budget_gib:g} GiB host budget"
+    )
+
+
+def _nvme_room(path: str | None) -> int:
+    """carina's NVMe budget: the disk's free space less 2 GiB, at most 200 GiB (0 without a path)."""
+    import shutil
+
+    if not path:
+        return 0
+    return max(0, min(200 << 30, shutil.disk_usage(path).free - (2 << 30)))
+
+
 def _version(package: str) -> str:
     from importlib.metadata import version
 
@@ -238,10 +309,14 @@ def _oom_detail(message: str) -> str:
 
 def run(spec: RunSpec) -> RunResult:
     """Run ``spec``; turn a missing package or a crash into a result that says why."""
+    import shutil
+
     import torch
 
+    free_before = shutil.disk_usage(spec.nvme_path).free if spec.nvme_path else None
     try:
-        result = SYSTEMS[spec.system](spec)
+        reason = _host_budget_reason(spec)
+        result = RunResult(spec=spec, status="unavailable", reason=reason) if reason else SYSTEMS[spec.system](spec)
     except ImportError as exc:
         result = RunResult(spec=spec, status="unavailable", reason=f"not installed: {exc.name or exc}")
     except torch.OutOfMemoryError as exc:
@@ -253,4 +328,9 @@ def run(spec: RunSpec) -> RunResult:
         result = RunResult(spec=spec, status="failed", reason=f"{type(exc).__name__}: {last[:300]}")
     result.versions["torch"] = torch.__version__
     result.versions["transformers"] = _version("transformers")
+    result.settings["gradient_accumulation"] = split(spec) | {"how": ACCUMULATION[spec.system]}
+    if spec.host_budget_gib is not None:
+        result.settings["host_budget_gib"] = spec.host_budget_gib
+    if spec.nvme_path:
+        result.settings["nvme"] = {"path": spec.nvme_path, "disk_free_bytes_before": free_before}
     return result

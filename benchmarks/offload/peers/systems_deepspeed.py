@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, llama_config, resolve_device, timed_loop
+from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, llama_config, resolve_device, split, timed_loop
 
 
 def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -35,11 +35,11 @@ def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[st
 def ds_config(spec: RunSpec, *, nvme: bool) -> dict[str, Any]:
     """The DeepSpeed config of ``spec`` (ZeRO-3; CPU offload, or NVMe when ``nvme``)."""
     hidden = llama_config(spec).hidden_size
-    rows = max(1, spec.tokens_per_step // spec.seq_len)
     param, optim = _offload_targets(spec, nvme)
     return {
-        "train_micro_batch_size_per_gpu": rows,
-        "gradient_accumulation_steps": 1,
+        # the step's sequences as ``micro_batches`` micro-batches: DeepSpeed's own gradient accumulation
+        "train_micro_batch_size_per_gpu": split(spec)["sequences_per_micro_batch"],
+        "gradient_accumulation_steps": spec.micro_batches,
         "gradient_clipping": 0.0,
         "bf16": {"enabled": True},
         "optimizer": {
@@ -118,12 +118,15 @@ def run_deepspeed(spec: RunSpec, *, nvme: bool) -> RunResult:
     model = build_model(spec, device="cpu", checkpointing=True)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
 
-    def step(tokens: Any) -> float:
-        tokens = tokens.to(engine.device)
-        loss = engine(input_ids=tokens, labels=tokens).loss
-        engine.backward(loss)
-        engine.step()
-        return float(loss.detach())
+    def step(micro: tuple[Any, ...]) -> float:  # DeepSpeed's loop: backward and step() every micro-batch
+        total = 0.0
+        for cpu_tokens in micro:
+            tokens = cpu_tokens.to(engine.device)
+            loss = engine(input_ids=tokens, labels=tokens).loss
+            engine.backward(loss)  # scales by 1 / gradient_accumulation_steps
+            engine.step()  # the optimizer steps at the accumulation boundary only
+            total += float(loss.detach())
+        return total / len(micro)
 
     result = timed_loop(spec, step, device)
     inner = getattr(optimizer, "optimizer", optimizer)

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SHAPES: dict[str, dict[str, int]] = {
-    # name: LlamaConfig fields. V=32000 (Llama-2 vocabulary) everywhere.
+    # name: LlamaConfig fields. V=32000 (Llama-2 vocabulary) unless a preset sets RunSpec.vocab.
     "tiny": {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4},
+    "small": {"hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 4, "num_attention_heads": 4},
     "1b": {"hidden_size": 2048, "intermediate_size": 5504, "num_hidden_layers": 22, "num_attention_heads": 16},
     "3b": {"hidden_size": 3200, "intermediate_size": 8640, "num_hidden_layers": 26, "num_attention_heads": 32},
     "7b": {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32},
@@ -40,6 +41,19 @@ class RunSpec:
     device: str = "auto"
     nvme_path: str | None = None
     vocab: int = 32000
+    micro_batches: int = 1  # gradient accumulation: backward passes per optimizer step (the step's rows split evenly)
+    host_budget_gib: float | None = None  # host memory the configuration allows (the spill configuration)
+
+    def __post_init__(self) -> None:
+        from carina.core.errors import ConfigError
+
+        rows = step_rows(self)
+        if self.micro_batches < 1 or rows % self.micro_batches:
+            raise ConfigError(
+                f"micro_batches={self.micro_batches} must be >= 1 and divide the step's {rows} sequences "
+                f"({self.tokens_per_step} tokens per step of {self.seq_len})",
+                key="micro_batches",
+            )
 
 
 @dataclass
@@ -60,6 +74,22 @@ class RunResult:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
+
+
+def step_rows(spec: RunSpec) -> int:
+    """Sequences per optimizer step."""
+    return max(1, spec.tokens_per_step // spec.seq_len)
+
+
+def split(spec: RunSpec) -> dict[str, int]:
+    """The step's micro-batch split, as every record's settings carry it."""
+    rows = step_rows(spec)
+    per = rows // spec.micro_batches
+    return {
+        "micro_batches": spec.micro_batches,
+        "sequences_per_micro_batch": per,
+        "tokens_per_micro_batch": per * spec.seq_len,
+    }
 
 
 def resolve_device(device: str) -> str:
@@ -108,14 +138,18 @@ def build_model(spec: RunSpec, *, device: str | None = "cpu", checkpointing: boo
     return model
 
 
-def batches(spec: RunSpec) -> list[Any]:
-    """Synthetic token batches, identical for every system (seeded on the CPU)."""
+def batches(spec: RunSpec) -> list[tuple[Any, ...]]:
+    """Synthetic tokens, identical for every system (seeded on the CPU): per step, its micro-batches.
+
+    Each step's rows are drawn as one tensor and split in order, so the tokens of a step do not
+    depend on its split.
+    """
     import torch
 
     gen = torch.Generator().manual_seed(spec.seed + 1)
-    rows = max(1, spec.tokens_per_step // spec.seq_len)
     total = spec.warmup + spec.steps
-    return [torch.randint(0, spec.vocab, (rows, spec.seq_len), generator=gen) for _ in range(total)]
+    steps = [torch.randint(0, spec.vocab, (step_rows(spec), spec.seq_len), generator=gen) for _ in range(total)]
+    return [tuple(tokens.chunk(spec.micro_batches)) for tokens in steps]
 
 
 def peak_host_rss() -> int:
@@ -123,15 +157,15 @@ def peak_host_rss() -> int:
 
 
 def timed_loop(spec: RunSpec, step: Any, device: str) -> RunResult:
-    """Run warm-up then measured steps; ``step(tokens) -> loss float``."""
+    """Run warm-up then measured steps; ``step(micro_batches) -> loss float`` (the mean over its micro-batches)."""
     import torch
 
     losses, times = [], []
-    for i, tokens in enumerate(batches(spec)):
+    for i, micro in enumerate(batches(spec)):
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
-        loss = float(step(tokens))
+        loss = float(step(micro))
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -140,7 +174,7 @@ def timed_loop(spec: RunSpec, step: Any, device: str) -> RunResult:
             times.append(elapsed)
     times_sorted = sorted(times)
     median = times_sorted[len(times_sorted) // 2]
-    rows = max(1, spec.tokens_per_step // spec.seq_len)
+    rows = step_rows(spec)
     peak_gpu = int(torch.cuda.max_memory_reserved()) if device.startswith("cuda") else None
     alloc: dict[str, int] = {}
     if device.startswith("cuda"):  # retries = the allocator freed its cache and tried again near the cap
