@@ -152,7 +152,9 @@ def test_systems_past_the_budget_are_rows_with_the_reason(tmp_path):
         ("carina", "not run"),
     ]
     assert all("budget" in r["reason"] for r in table["metrics"]["rows"])
-    assert (tmp_path / "offload_peers_t_summary.md").exists() and (tmp_path / "offload_peers_t_plot.png").exists()
+    # one configuration per tagged run: the summary and plot are named after it
+    stem = tmp_path / "offload_peers_t_tiny_256tok_nocap_"
+    assert Path(f"{stem}summary.md").exists() and Path(f"{stem}plot.png").exists()
 
 
 def test_preflight_keeps_the_compilers_own_words(tmp_path):

@@ -231,6 +231,9 @@ def write_outputs(
     paths = [write_record(r, directory=out) for r in recs]
     folder = out or results_dir(recs[0]["machine"]["label"])
     tag = f"{rows[0]['tag']}_" if rows and rows[0].get("tag") else ""
+    configs = {_config_name(r) for r in rows}
+    if tag and len(configs) == 1:  # one configuration per tagged run (a lane): name the files after it, so
+        tag = f"{configs.pop()}_"  # the lanes of one session, gathered into one folder, never collide
     md = folder / f"offload_peers_{tag}summary.md"
     md.write_text(f"Command: `{command}`\n\n" + summary(rows))
     png = folder / f"offload_peers_{tag}plot.png" if tag else folder / "offload_peers.png"
