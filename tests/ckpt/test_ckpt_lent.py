@@ -86,8 +86,10 @@ def _snapshot(model: Any, opt: Any) -> tuple[dict[str, torch.Tensor], dict[tuple
 @pytest.mark.parametrize("device", ["cpu", _CUDA])
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_offload_save_is_lazy_guarded_and_restores_bitwise(
-    tmp_path: Path, writer: str, device: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, writer: str, device: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
+    was = torch.are_deterministic_algorithms_enabled()  # a process-wide flag: put back for the next test
+    request.addfinalizer(lambda: torch.use_deterministic_algorithms(was))
     torch.use_deterministic_algorithms(device == "cpu")  # (cuBLAS would need CUBLAS_WORKSPACE_CONFIG)
     model, opt = _wrapped(device=device)
     for step in (1, 2, 3):
