@@ -48,6 +48,28 @@ def ideal_step(fit: dict[str, float], layers: int, params: int, micro_batches: i
     return fb, fb + fit["opt_per_param"] * params
 
 
+def _record(args: Any, **kw: Any) -> dict[str, Any]:
+    """``make_record``; with ``--environment-from RECORD`` the report is recomputed away from the device.
+
+    The phases' JSON were measured on the machine that RECORD names: its environment (and so its machine
+    label) is carried over, and ``metrics.recomputed_from`` names RECORD's commit and time, while the
+    record's own ``git_sha`` is the commit of the report code that recomputed it.
+    """
+    src = getattr(args, "environment_from", "")
+    if not src:
+        return make_record(**kw)
+    origin = json.loads(Path(src).read_text())
+    metrics = {**kw.pop("metrics", {}), "recomputed_from": {
+        "record": origin["name"], "git_sha": origin["git_sha"], "created": origin["created"],
+        "machine": origin["machine"]["label"]}}  # fmt: skip
+    return make_record(environment=origin["environment"], metrics=metrics, **kw)
+
+
+def ideal_micro_batches(tokens: int, args: Any) -> int:
+    """Micro-batches of the ideal's size (``args.micro`` sequences of ``args.seq``) in ``tokens``."""
+    return max(1, tokens // (args.micro * args.seq))
+
+
 def roofline(run: dict[str, Any], rates: dict[str, float], compute_s: float) -> dict[str, float]:
     """Lower bounds on the step: compute, each PCIe direction with carina's bytes, CPU AdamW, disk."""
     moved = run.get("moved_per_step", {})
@@ -83,15 +105,19 @@ def carina_record(
     name = f"offload_s2_{tag}_{prefix}{_label(tokens)}"
     if run is None or "error" in run:
         why = (run or {}).get("error", "the phase left no result (timed out or crashed: see s2.log)")
-        rec = make_record(name=name, figures=[Figure(name="tokens_per_s", value=0.0, unit="tokens/s")],
+        rec = _record(args, name=name, figures=[Figure(name="tokens_per_s", value=0.0, unit="tokens/s")],
                           config=_config(args, tokens), metrics={"status": "failed", "reason": why})  # fmt: skip
         write_record(rec, directory=Path(args.out))
         return f"| carina {args.tag} | {tokens} | failed: {why[:60]} | | | | |"
     peers: dict[str, float] = {}
     ideal_s = fb_s = None
     terms: dict[str, float] = {}
+    # The fit is per micro-batch of the ideal's own size (--micro sequences): count those, whatever split
+    # carina ran (session 6 ran 32k as one micro-batch of 16 sequences; counting carina's accumulation
+    # priced the ideal's 32k step as one 8k micro-batch).
+    ideal_micro = ideal_micro_batches(tokens, args)
     if fit is not None:
-        fb_s, ideal_s = ideal_step(fit, run["layers"], run["params"], run["accum"])
+        fb_s, ideal_s = ideal_step(fit, run["layers"], run["params"], ideal_micro)
         terms = roofline(run, rates, fb_s)
         peers["roofline (max of compute, PCIe, CPU AdamW, disk)"] = tokens / max(terms.values())
         if "disk" in terms:
@@ -114,7 +140,7 @@ def carina_record(
         "ideal_step_s": ideal_s,
         "ideal_fit": fit,
         "ideal_full_7b_32_layers_step_s": (
-            ideal_step(fit, 32, 6_738_415_616, run["accum"])[1] if fit and args.model == "llama2-7b" else None
+            ideal_step(fit, 32, 6_738_415_616, ideal_micro)[1] if fit and args.model == "llama2-7b" else None
         ),
         "roofline_terms_s": terms,
         "roofline_step_s": max(terms.values()) if terms else None,
@@ -126,7 +152,7 @@ def carina_record(
         "optim_rates": run.get("optim_rates"),
         "plan_vs_measured_s": plan_vs_measured(run),
     }
-    rec = make_record(name=name, figures=figs, config=_config(args, tokens, run), metrics=metrics, notes=_NOTES)
+    rec = _record(args, name=name, figures=figs, config=_config(args, tokens, run), metrics=metrics, notes=_NOTES)
     write_record(rec, directory=Path(args.out))
     fr = metrics["fraction_of_ideal"]
     rf = metrics["fraction_of_roofline"]
@@ -167,7 +193,9 @@ def _config(args: Any, tokens: int, run: dict[str, Any] | None = None) -> dict[s
         "params": (run or {}).get("params"),
         "tokens_per_step": tokens,
         "seq": args.seq,
-        "micro_batch_sequences": args.micro,
+        # what carina ran (tokens / (micro-batches x seq)); the ideal's micro-batch is ideal_micro_batch_sequences
+        "micro_batch_sequences": tokens // (run["accum"] * args.seq) if run and run.get("accum") else args.micro,
+        "ideal_micro_batch_sequences": args.micro,
         "gpu_cap_gib": args.cap,
         "carina_device_budget": "90% of the cap",
         "host_budget_gb": (((run or {}).get("config") or {}).get("host_budget") or args.host_budget * 1e9) / 1e9,
@@ -203,7 +231,7 @@ def notax_record(args: Any, work: Path, tokens: int) -> str:
     cfg = {**_config(args, tokens, run), "model": model, "layers": run["layers"], "micro_batch_sequences": micro}
     cfg.update(gpu_cap_gib=None, carina_device_budget="none (the whole GPU)")
     metrics = {"carina": run, "plain": plain, "host_memory": _host(run)}
-    write_record(make_record(name=name, figures=[fig], config=cfg, metrics=metrics, notes=_NOTES),
+    write_record(_record(args, name=name, figures=[fig], config=cfg, metrics=metrics, notes=_NOTES),
                  directory=Path(args.out))  # fmt: skip
     ratio = run["tokens_per_s"] / plain["tokens_per_s"] if "tokens_per_s" in plain else None
     return f"| carina 3B no budget | {tokens} | {run['tokens_per_s']:.0f} | {_pct(ratio)} of plain | | | |"
