@@ -4,10 +4,12 @@ Reads ``benchmarks/results/h200/io_*_h200.json`` (the device lane's records)
 and writes ``benchmarks/results/h200/io_goals_recomputed.json``: one row per
 goal in ``metrics.goals`` (the figure, the goal's threshold, the cores used,
 the sizes against their budgets) with a status that follows from the records
-alone, and one ``derived`` figure per goal. A ratio above 1 to a "ceiling"
-means the ceiling was not one, so such a goal is reported as unmeasured, with
-the reason the records show (fio's buffer kind in its ``ceiling_source``,
-per-pair rates). Rerun after every lane: ``python benchmarks/io/recompute_h200.py``.
+alone, and one ``derived`` figure per goal. A ratio above 1 to a fio with
+4 KiB-page buffers, or above 1.25 to a huge-page fio, means the ceiling was
+not one, so such a goal is reported as unmeasured, with the reason the
+records show (fio's buffer kind in its ``ceiling_source``, per-pair rates);
+up to 1.25 over a huge-page fio in the same run is the disk's drift between
+interleaved runs and the goal is met. Rerun after every lane: ``python benchmarks/io/recompute_h200.py``.
 """
 
 from __future__ import annotations
@@ -21,14 +23,19 @@ from typing import Any
 from carina.core.bench import Basis, Figure, make_record, write_record
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200"
+#: Above a huge-page fio by at most this much is the disk's drift between interleaved runs (session 6's 1 MiB
+#: pairs: 0.99-1.18); beyond it the figure is suspect (a page cache, a wrong ceiling).
+_PARITY = 1.25
 NAMES = ("randread", "randread_posix", "gemm_bf16", "gemm_tf32", "sort", "cam", "kvikio", "batching")
 
 
 def _ratio_status(ratio: float, goal: float, source: str) -> str:
     small = "huge-page" not in source  # fio with 4 KiB-page buffers: slow on virtio disks (disk_ceiling.py)
-    if ratio > 1.0:
-        why = " (fio with 4 KiB-page buffers)" if small else ""
+    if ratio > 1.0 and (small or ratio > _PARITY):
+        why = " (fio with 4 KiB-page buffers)" if small else f" (more than {_PARITY:.2f}x a huge-page fio)"
         return f"unmeasured: the ceiling is below the measured rate{why}"
+    if ratio > 1.0:  # a fair fio (huge-page buffers, same file, same run): the disk drifts between runs
+        return "met: at or above fio with huge-page buffers in the same run"
     verdict = "met" if ratio >= goal else "not met"
     return verdict + (" against fio with 4 KiB-page buffers (a huge-page fio may read faster)" if small else "")
 
@@ -95,7 +102,7 @@ def sort_row(rec: dict[str, Any]) -> dict[str, Any]:
         f"{m['overlapped']['merge_s']:.1f} s, floor {m['floor_s']:.1f} s)",
         "ratio": fig["ratio_to_ceiling"],
         "pair_ratios": f"read {m['read_bytes_per_s'] / 1e9:.2f} GB/s, write {m['write_bytes_per_s'] / 1e9:.2f} GB/s",
-        "size_vs_budget": f"{m['bytes'] / 2**30:.0f} GiB vs budget {m['budget'] / 2**30:.0f} GiB "
+        "size_vs_budget": f"{m['bytes'] / 2**30:.3g} GiB vs budget {m['budget'] / 2**30:.3g} GiB "
         f"({m['bytes'] / m['budget']:.1f}x)",
         "status": status,
     }
@@ -184,7 +191,8 @@ def main() -> None:
         config={"results": str(args.results), "tag": args.tag},
         metrics={"goals": rows, "sources": sources},
         notes="Derived, no new measurement: each row re-reads one committed device record. A ratio above 1 to a "
-        "ceiling makes that goal unmeasured (the ceiling was not one).",
+        "fio with 4 KiB-page buffers, or above 1.25 to a huge-page fio, makes that goal unmeasured (the ceiling "
+        "was not one); up to 1.25 over a huge-page fio of the same run is the disk's drift and counts as met.",
     )
     print(write_record(record, directory=args.results))
 

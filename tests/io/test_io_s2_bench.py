@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -130,10 +131,13 @@ def test_fio_uses_huge_page_buffers_only_when_enough_are_free(tmp_path: Path) ->
     assert words == "4 KiB-page buffers"
 
 
+def _h200(rc: Any, folder: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: json.loads((rc.RESULTS / folder / f"io_{k}_h200.json").read_text()) for k in keys}
+
+
 def test_goal_rows_follow_from_the_committed_h200_records() -> None:
     rc = importlib.import_module("recompute_h200")
-    recs = {k: json.loads((rc.RESULTS / f"io_{k}_h200.json").read_text()) for k in ("randread", "gemm_bf16", "sort",
-                                                                                     "cam")}  # fmt: skip
+    recs = _h200(rc, "s5", ("randread", "gemm_bf16", "sort", "cam"))  # session 5: fio with 4 KiB-page buffers
     rows = {r["goal"].split(" ")[0]: r for r in rc.goals(recs)}
     assert rows["rand_read_4KiB_qd32"]["status"].startswith("met") and rows["rand_read_4KiB_qd32"]["ratio"] > 0.9
     assert rows["seq_read_1024KiB_qd32"]["status"].startswith("unmeasured: the ceiling is below")  # 144% of "fio"
@@ -148,3 +152,29 @@ def test_goal_rows_follow_from_the_committed_h200_records() -> None:
     rows = {r["goal"].split(" ")[0]: r for r in rc.goals(recs)}
     assert rows["external"]["status"] == "not met: data 2.0x the budget (< 4x)"
     assert rows["gemm_bf16_tflops"]["status"] == "not met: the tiles fit the device budget"
+
+
+def test_session_6_goal_rows_against_a_huge_page_fio() -> None:
+    rc = importlib.import_module("recompute_h200")
+    rows = {r["goal"]: r for r in rc.goals(_h200(rc, ".", ("randread", "gemm_tf32", "sort", "cam")))}
+    qd32 = rows["rand_read_4KiB_qd32 (uring) >= 0.9 of fio, <= 4 cores"]
+    assert qd32["status"] == "not met" and 0.87 < qd32["ratio"] < 0.89
+    seq = rows["seq_read_1024KiB_qd32 (uring) >= 0.9 of fio, <= 4 cores"]
+    assert seq["status"] == "met: at or above fio with huge-page buffers in the same run" and seq["ratio"] > 1
+    assert rows["gemm_tf32_tflops >= 0.9 of max(compute, IO at ceiling), tiles > GPU budget"]["status"].startswith(
+        "met: at or above"
+    )
+    sort = rows["external sort >= 0.8 of the disk-bound floor, data >= 4x budget"]
+    assert sort["size_vs_budget"] == "2 GiB vs budget 0.5 GiB (4.0x)" and sort["status"] == "met"
+    assert rows["faster of GPU- and host-initiated gathers becomes the default"]["status"] == (
+        "gpu_initiated faster beyond noise"
+    )
+
+
+def test_far_above_a_huge_page_fio_is_not_a_disk_figure() -> None:
+    rc = importlib.import_module("recompute_h200")
+    fair = "fio io_uring O_DIRECT read 1024 KiB iodepth=32, 2 MiB huge-page buffers"
+    assert rc._ratio_status(1.2, 0.9, fair).startswith("met: at or above")
+    assert rc._ratio_status(1.3, 0.9, fair).startswith("unmeasured")
+    assert rc._ratio_status(1.1, 0.9, "fio io_uring O_DIRECT read 1024 KiB").startswith("unmeasured")
+    assert rc._ratio_status(0.89, 0.9, fair) == "not met"
