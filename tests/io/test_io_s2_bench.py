@@ -41,7 +41,9 @@ def test_cam_benchmark_checks_both_paths_on_cpu(tmp_path: Path) -> None:
         assert len(m[name]["wall_s"]) == 2 and m[name]["median_s"] == sum(m[name]["wall_s"]) / 2
     assert m["bound_s"] == max(m["io_only"]["median_s"], m["compute_only"]["median_s"])
     assert m["verdict"] in ("inside noise", "gpu_initiated faster beyond noise", "host_initiated faster beyond noise")
-    assert m["gpu_initiated"]["stats"]["posted"] == m["gpu_initiated"]["stats"]["served"] == 5
+    for name, path in (("gpu_initiated", "gpu"), ("host_initiated", "host")):  # both through RowGather
+        assert m[name]["stats"]["path"] == path and m[name]["stats"]["posted"] == m[name]["stats"]["served"] == 5
+    assert m["host_initiated"]["stats"]["arena_overflows"] == 0  # the host path's staging fits the arena
     assert m["gpu_initiated"]["out_sum"] == m["host_initiated"]["out_sum"]  # same rows, same compute
     assert rec["figures"][0]["peers"].keys() == {"host_initiated_gather"}
 
