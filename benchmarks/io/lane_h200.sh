@@ -31,6 +31,7 @@
 # end; HUGEPAGES=0 reserves none (fio then uses 4 KiB pages and every ceiling_source says so).
 # Files in $OUT/io/ (at most 10): one <record>.json per step that finished, io_lane.log (all output).
 # Usage (repository root): OUT=<dir> bash benchmarks/io/lane_h200.sh ; carry: .carry-io
+# Some steps only: STEPS="cam kvikio" BUDGET_S=110 OUT=<dir> bash benchmarks/io/lane_h200.sh (at most 50 + 40 s)
 # CPU proof: DEVICE=cpu PYTHON=.venv/bin/python OUT=/tmp/io_out bash benchmarks/io/lane_h200.sh
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -41,6 +42,7 @@ PYTHON=${PYTHON:-python3}
 CARRY=${CARRY:-.carry-io}
 TAG=${GPU_TAG:-h200}
 HUGEPAGES=${HUGEPAGES:-160}
+STEPS=${STEPS:-}  # e.g. "cam kvikio": run only these steps (default: all)
 [ "$DEVICE" = cpu ] && TAG=cpuproof  # record names say what made them
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 REC="$OUT/io"
@@ -56,6 +58,7 @@ echo "huge pages for fio: $(awk '/HugePages_Free/ {print $2}' /proc/meminfo) fre
 left() { echo $((BUDGET_S - ($(date +%s) - start))); }
 step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipped when < MIN_S are left
   local name=$1 min=$2 max=$3; shift 3
+  if [ -n "$STEPS" ] && [[ " $STEPS " != *" $name "* ]]; then echo "== $name: not in STEPS ($STEPS)"; return; fi
   local l; l=$(left)
   if [ "$l" -lt "$min" ]; then echo "== $name: SKIPPED ($l s left, needs $min s)"; return; fi
   [ "$max" -gt "$l" ] && max=$l
