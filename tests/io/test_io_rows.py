@@ -100,7 +100,7 @@ def test_auto_takes_the_host_path_without_cuda_and_says_why(data_file: Path) -> 
     with pytest.raises(BackendUnavailable, match="gpu: CUDA stream memory operations unavailable: no CUDA device"):
         choose_gather_path("auto", device="cuda")  # neither path can fill a CUDA tensor here
     with pytest.raises(BackendUnavailable, match="no CUDA device"):
-        RowGather(None, None, RowGatherConfig(row_bytes=ROW, max_rows=4, device="cuda", path="gpu"))  # type: ignore[arg-type]
+        RowGather(None, None, RowGatherConfig(row_bytes=ROW, max_rows=4, device="cuda", path="gpu"))
 
 
 @pytest.mark.parametrize("path", ["gpu", "host"], ids=["gpu_initiated", "host_initiated"])
@@ -140,3 +140,22 @@ def test_auto_takes_the_gpu_path_for_a_cuda_destination(data_file: Path) -> None
             dest = torch.empty(32, ROW, dtype=torch.uint8, device="cuda")
             g.wait(g.post(torch.from_numpy(ids).cuda(), dest))
             assert np.array_equal(dest.cpu().reshape(-1).numpy(), reference_rows(str(data_file), ids, ROW))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_host_path_fills_cuda_destinations_posted_from_a_side_stream(data_file: Path) -> None:
+    rng = np.random.default_rng(6)
+    side = torch.cuda.Stream()
+    cfg = RowGatherConfig(row_bytes=ROW, max_rows=32, slots=2, path="host")
+    with IOEngine(IOConfig(queue_depth=16)) as eng, RowGather(eng, eng.open(data_file), cfg) as g:
+        assert g.path == "host"
+        requests = [rng.integers(0, ROWS, 32) for _ in range(5)]
+        dests = [torch.empty(32, ROW, dtype=torch.uint8, device="cuda") for _ in requests]
+        tickets = []
+        for ids, d in zip(requests, dests, strict=True):
+            with torch.cuda.stream(side):  # the host reads the ids from the stream that made them
+                tickets.append(g.post(torch.from_numpy(ids).cuda(), d))
+        for ids, d, t in zip(requests, dests, tickets, strict=True):
+            g.wait(t)  # the copy is queued on the current stream, before .cpu() below
+            assert np.array_equal(d.cpu().reshape(-1).numpy(), reference_rows(str(data_file), ids, ROW))
