@@ -124,3 +124,19 @@ def test_a_file_kvikio_holds_no_o_direct_descriptor_for_is_named_on_a_stand_in(t
         eng.read(eng.open(tmp_path / "d.bin", "r"), 0, aligned_buffer(4096)).result()
         [why] = backend.direct_io["page_cache"]
     assert why == f"KvikIO holds no O_DIRECT descriptor for {tmp_path / 'd.bin'}: its IO uses the page cache"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("kvikio") is None, reason="kvikio is not installed")
+def test_real_kvikio_is_left_with_direct_io_on_and_a_thread_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in KVIKIO_VARS:  # KvikIO's settings, not the environment's, decide here
+        monkeypatch.delenv(var, raising=False)
+    import kvikio.defaults  # works without the CUDA driver: no file is opened
+
+    backend = KvikioBackend(queue_depth=8, workers=5)
+    try:
+        assert kvikio.defaults.get("auto_direct_io_read") is True
+        assert kvikio.defaults.get("auto_direct_io_write") is True
+        assert kvikio.defaults.get("num_threads") >= 5
+        assert backend.direct_io["page_cache"] == []
+    finally:
+        backend.close()
