@@ -10,9 +10,10 @@
 #   2. gemm_bf16 (45/30): out-of-core GEMM n=12288 tile 4096 bf16 (A+B 0.6 GB against a 352 MB device
 #      budget), synchronous peer in the record, ceiling = fio direct=1 on the same two files -> io_gemm_bf16_h200
 #   3. gemm_tf32 (50/35): the same in fp32 operands with TF32 matmuls (1.2 GB against 512 MB) -> io_gemm_tf32_h200
+#   3b. gputests (40/10): the gpu-marked tests of RowGather and CamGather (log only, no record)
 #   4. cam (50/35): GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32
 #      release) against host-initiated gathers, 64 batches of 1024 rows of 4 KiB, 5 rounds of the four passes
-#      (medians, every round kept, verdict beyond/inside noise) -> io_cam_h200
+#      (medians, every round kept, verdict beyond/inside noise), both paths through RowGather -> io_cam_h200
 #   5. fio_buffers (25/18, needs fio): fio with 4 KiB-page against huge-page buffers, 1 MiB / 4 MiB / 4 KiB reads,
 #      device requests per read and the disk's limits (why the session-5 ceilings read low) -> io_fio_buffers_h200
 #   6. kvikio (40/10): the kvikio backend's conformance tests against real KvikIO (the stand-in class runs in
@@ -31,7 +32,7 @@
 # end; HUGEPAGES=0 reserves none (fio then uses 4 KiB pages and every ceiling_source says so).
 # Files in $OUT/io/ (at most 10): one <record>.json per step that finished, io_lane.log (all output).
 # Usage (repository root): OUT=<dir> bash benchmarks/io/lane_h200.sh ; carry: .carry-io
-# Some steps only: STEPS="cam kvikio" BUDGET_S=110 OUT=<dir> bash benchmarks/io/lane_h200.sh (at most 50 + 40 s)
+# Some steps only: STEPS="gputests cam kvikio" BUDGET_S=140 OUT=<dir> bash benchmarks/io/lane_h200.sh (<= 40+50+40 s)
 # CPU proof: DEVICE=cpu PYTHON=.venv/bin/python OUT=/tmp/io_out bash benchmarks/io/lane_h200.sh
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -109,6 +110,8 @@ step gemm_bf16 30 45 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $G
 # shellcheck disable=SC2086
 step gemm_tf32 35 50 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $GEMM --dtypes fp32 --dir "$SCRATCH" \
   "${FIOARG[@]}" --name "io_gemm_tf32_$TAG" --out "$REC"
+step gputests 10 40 env CUDA_MODULE_LOADING=EAGER "$PYTHON" -m pytest -q -p no:cacheprovider --tb=short -rfEs -m gpu \
+  tests/io/test_io_rows.py tests/io/test_io_cam.py
 # shellcheck disable=SC2086
 step cam 35 50 env CUDA_MODULE_LOADING=EAGER "$PYTHON" benchmarks/io/bench_cam.py --device "$DEVICE" $CAM \
   --dir "$SCRATCH" --name "io_cam_$TAG" --out "$REC"
