@@ -10,7 +10,6 @@
 #   2. gemm_bf16 (45/30): out-of-core GEMM n=12288 tile 4096 bf16 (A+B 0.6 GB against a 352 MB device
 #      budget), synchronous peer in the record, ceiling = fio direct=1 on the same two files -> io_gemm_bf16_h200
 #   3. gemm_tf32 (50/35): the same in fp32 operands with TF32 matmuls (1.2 GB against 512 MB) -> io_gemm_tf32_h200
-#   3b. gputests (40/10): the gpu-marked tests of RowGather and CamGather (log only, no record)
 #   4. cam (50/35): GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32
 #      release) against host-initiated gathers, 64 batches of 1024 rows of 4 KiB, 5 rounds of the four passes
 #      (medians, every round kept, verdict beyond/inside noise), both paths through RowGather -> io_cam_h200
@@ -19,6 +18,7 @@
 #   6. kvikio (40/10): the kvikio backend's conformance tests against real KvikIO (the stand-in class runs in
 #      CI) and 1 MiB reads vs fio, from the wheels in $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh)
 #      -> io_kvikio_h200, or a log line saying absent
+#   6b. gputests (40/10): the gpu-marked tests of RowGather and CamGather (log only, no record)
 #   7. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
 #      and 1 MiB QD32 -> io_randread_posix_h200.json
 #   8. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
@@ -110,8 +110,6 @@ step gemm_bf16 30 45 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $G
 # shellcheck disable=SC2086
 step gemm_tf32 35 50 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $GEMM --dtypes fp32 --dir "$SCRATCH" \
   "${FIOARG[@]}" --name "io_gemm_tf32_$TAG" --out "$REC"
-step gputests 10 40 env CUDA_MODULE_LOADING=EAGER "$PYTHON" -m pytest -q -p no:cacheprovider --tb=short -rfEs -m gpu \
-  tests/io/test_io_rows.py tests/io/test_io_cam.py
 # shellcheck disable=SC2086
 step cam 35 50 env CUDA_MODULE_LOADING=EAGER "$PYTHON" benchmarks/io/bench_cam.py --device "$DEVICE" $CAM \
   --dir "$SCRATCH" --name "io_cam_$TAG" --out "$REC"
@@ -137,6 +135,8 @@ kvikio_step() {  # the kvikio backend: conformance, then 1 MiB reads against fio
   rm -rf "$T"
 }
 step kvikio 10 40 bash -c "$(declare -f kvikio_step); $(declare -p PYTHON CARRY KVREAD SCRATCH REC TAG FIOARG); kvikio_step"
+step gputests 10 40 env CUDA_MODULE_LOADING=EAGER "$PYTHON" -m pytest -q -p no:cacheprovider --tb=short -rfEs -m gpu \
+  tests/io/test_io_rows.py tests/io/test_io_cam.py
 
 # shellcheck disable=SC2086
 step pairs_posix 15 20 "$PYTHON" benchmarks/io/bench_randread.py $POSIX --backend posix --dir "$SCRATCH" "${FIOARG[@]}" \

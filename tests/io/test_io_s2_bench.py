@@ -109,6 +109,17 @@ def test_device_script_skips_steps_that_cannot_finish_in_the_budget(tmp_path: Pa
     assert (tmp_path / "io" / "io_lane.log").read_text() == proc.stdout
 
 
+def test_device_script_runs_only_the_steps_named_in_steps(tmp_path: Path) -> None:
+    env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "60", "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "CARRY": str(tmp_path / "no-carry"), "FIO": "", "HUGEPAGES": "0", "STEPS": "kvikio"}  # fmt: skip
+    proc = subprocess.run(["bash", str(BENCH / "lane_h200.sh")], cwd=BENCH.parents[1], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("pairs", "gemm_bf16", "gemm_tf32", "cam", "gputests", "pairs_posix", "sort"):
+        assert f"== {name}: not in STEPS (kvikio)" in proc.stdout
+    assert "kvikio: ABSENT (no wheels" in proc.stdout
+
+
 def test_cam_verdict_needs_the_two_ranges_apart() -> None:
     cam = importlib.import_module("bench_cam")
 
