@@ -5,15 +5,23 @@ generator), ``--rows`` rows of ``--row-bytes`` read from a file of random
 bytes, then ``--work`` rounds of ``tanh(x @ W)`` on the rows' first 1024 bytes as fp32.
 ``--ahead`` batches are requested in advance on both paths:
 
-* ``gpu_initiated``: ``CamGather.post`` on the compute stream (ids copied into
-  the mapped request ring, doorbell with ``cuStreamWriteValue32``),
-  ``CamGather.wait`` (``cuStreamWaitValue32``) before the compute; the host
-  never synchronises with the GPU inside the loop.
-* ``host_initiated``: the ids are made on a side stream, the host waits for
-  that stream, reads the ids, calls ``IOEngine.gather`` into a pinned buffer,
-  waits for it when the batch is due, copies it to the device and computes
-  (the engine's ordinary path; its best case, since the ids never wait for
-  the compute).
+Both paths run the same loop through ``carina.io.RowGather`` (one post/wait
+interface), with ``--ahead + 1`` destination tensors and ring slots:
+
+* ``gpu_initiated``: ``RowGather(path="gpu")``, i.e. ``CamGather``: ``post`` on
+  the compute stream (ids copied into the mapped request ring, doorbell with
+  ``cuStreamWriteValue32``), ``wait`` (``cuStreamWaitValue32``) before the
+  compute; the host never synchronises with the GPU inside the loop.
+* ``host_initiated``: ``RowGather(path="host")``: the ids are made and posted
+  on a side stream (the host waits for that stream and reads them, and the
+  ids never wait for the compute: the path's best case), the engine gathers
+  into the engine's pinned staging arena, ``wait`` waits on the host for the
+  read and copies the rows to the device on the compute stream; staging
+  blocks go back to the arena once their copy's event has completed.
+
+Records made before ``RowGather`` existed (session 6's ``io_cam_h200``) ran a
+hand-written host path that synchronised the host with the compute stream
+after every batch; the host path here does not.
 
 The ceiling is batches / max(IO-only time, compute-only time), both measured
 in the same run (IO-only: the same gathers of the same row ids with nothing
@@ -33,6 +41,7 @@ Usage: python benchmarks/io/bench_cam.py --device cuda --file-size 1G --rows 102
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -46,7 +55,7 @@ import numpy as np
 import torch
 
 from carina.core.bench import Figure, make_record, write_record
-from carina.io import CamConfig, CamGather, IOConfig, IOEngine, aligned_buffer
+from carina.io import IOConfig, IOEngine, RowGather, RowGatherConfig, aligned_buffer
 from carina.io.workload import parse_size
 
 
@@ -86,26 +95,38 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def gpu_initiated(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor, nrows: int) -> dict[str, Any]:
+def gathered(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor, nrows: int, path: str) -> dict[str, Any]:
+    """One pass of ``--batches`` batches through ``RowGather(path=...)``: the same loop for both paths.
+
+    ``gpu``: the ids are made and posted on the compute stream. ``host``: the
+    host reads the ids, so they are made and posted on a side stream that never
+    waits for the compute (the host path's best case); ``wait`` then copies the
+    rows on the compute stream.
+    """
     dev, rb = args.device, args.row_bytes
     slots = args.ahead + 1
     dests = [torch.empty(args.rows, rb, dtype=torch.uint8, device=dev) for _ in range(slots)]
     batches = Batches(args, nrows)
-    with CamGather(eng, h, CamConfig(row_bytes=rb, max_rows=args.rows, slots=slots, device=dev)) as cam:
+    side = torch.cuda.Stream() if path == "host" and dev != "cpu" else None
+    cfg = RowGatherConfig(row_bytes=rb, max_rows=args.rows, slots=slots, device=dev, path=path)
+    with RowGather(eng, h, cfg) as g:
         sync(dev)
         t0 = time.perf_counter()
         queue: list[tuple[Any, torch.Tensor]] = []
         last_ids = None
         for i in range(args.batches):
             while len(queue) <= args.ahead and i + len(queue) < args.batches:
-                ids = batches.ids()
-                queue.append((cam.post(ids, dests[(i + len(queue)) % slots]), ids))
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                    ids = batches.ids()
+                    queue.append((g.post(ids, dests[(i + len(queue)) % slots]), ids))
             ticket, last_ids = queue.pop(0)
-            cam.wait(ticket)
+            g.wait(ticket)
             out = compute(dests[i % slots], w, args.work)
         sync(dev)
         wall = time.perf_counter() - t0
-        stats = dict(cam.stats)
+        stats = {**g.stats, "path": g.path}
+        if path == "host":
+            stats["arena_overflows"] = eng.staging_arena().overflows
     assert last_ids is not None
     return {
         "wall_s": wall,
@@ -113,45 +134,6 @@ def gpu_initiated(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tens
         "stats": stats,
         "out_sum": float(out.sum()),
     }
-
-
-def host_initiated(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor, nrows: int) -> dict[str, Any]:
-    dev, rb = args.device, args.row_bytes
-    slots = args.ahead + 1
-    pin = dev != "cpu"
-    raw = [torch.from_numpy(aligned_buffer(args.rows * rb)) for _ in range(slots)]
-    hosts = [r.pin_memory() if pin else r for r in raw]
-    dest = torch.empty(args.rows, rb, dtype=torch.uint8, device=dev)
-    side = torch.cuda.Stream() if pin else None
-    batches = Batches(args, nrows)
-
-    def issue(slot: int) -> tuple[Any, np.ndarray]:
-        if side is not None:
-            with torch.cuda.stream(side):
-                ids = batches.ids()
-            side.synchronize()  # the host needs the ids' values
-        else:
-            ids = batches.ids()
-        host_ids = ids.cpu().numpy()
-        return eng.gather(h, host_ids * rb, rb, hosts[slot].numpy()), host_ids
-
-    sync(dev)
-    t0 = time.perf_counter()
-    queue: list[tuple[Any, np.ndarray]] = []
-    last_ids = None
-    for i in range(args.batches):
-        while len(queue) <= args.ahead and i + len(queue) < args.batches:
-            queue.append(issue((i + len(queue)) % slots))
-        fut, last_ids = queue.pop(0)
-        fut.result()
-        dest.copy_(hosts[i % slots].view(args.rows, rb), non_blocking=pin)
-        out = compute(dest, w, args.work)
-        if pin:  # the pinned buffer is reused by a later gather: its copy must be done
-            torch.cuda.current_stream().synchronize()
-    sync(dev)
-    wall = time.perf_counter() - t0
-    assert last_ids is not None
-    return {"wall_s": wall, "last": (last_ids, dest.cpu()), "out_sum": float(out.sum())}
 
 
 def io_only(eng: IOEngine, h: Any, args: argparse.Namespace, nrows: int) -> float:
@@ -204,7 +186,7 @@ def run_passes(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor,
             elif name == "compute_only":
                 walls[name].append(compute_only(args, w, path))
             else:
-                last[name] = (gpu_initiated if name == "gpu_initiated" else host_initiated)(eng, h, args, w, nrows)
+                last[name] = gathered(eng, h, args, w, nrows, "gpu" if name == "gpu_initiated" else "host")
                 walls[name].append(last[name].pop("wall_s"))
     r: dict[str, Any] = {
         name: {
@@ -253,7 +235,8 @@ def main() -> None:
         make_file(path, size)
         width = min(1024, args.row_bytes)
         w = torch.randn(width, width, device=args.device) / width**0.5
-        with IOEngine(IOConfig(backend="auto", queue_depth=args.queue_depth)) as eng:
+        arena = max(16 << 20, 4 * (args.ahead + 1) * args.rows * args.row_bytes)  # the host path's staging
+        with IOEngine(IOConfig(backend="auto", queue_depth=args.queue_depth, bounce_bytes=arena)) as eng:
             h = eng.open(path, "r")
             io_only(eng, h, args, size // args.row_bytes)  # warm-up (reads the same rows as every pass)
             r = run_passes(eng, h, args, w, path)
@@ -289,7 +272,8 @@ def main() -> None:
         config=cfg,
         metrics=r,
         notes="batch = rows random rows of row_bytes, then work rounds of tanh(x @ W); medians of --repeats rounds "
-        "of the four passes in rotating order; metrics.<pass>.wall_s holds every round, spread = (max - min) / median.",
+        "of the four passes in rotating order; metrics.<pass>.wall_s holds every round, spread = (max - min) / median. "
+        "Both paths run through carina.io.RowGather (path gpu / host); metrics.<path>.stats.path names it.",
     )
     print(write_record(record, directory=args.out))
 

@@ -12,7 +12,11 @@ random 4 KiB cases. Carina streams ``IOEngine.gather`` calls of ``--rows``
 rows (at most 128 MiB each), two at a time, with the engine's ``queue_depth``
 equal to fio's ``iodepth`` (at most that many requests in the kernel). A last
 pass checks every byte read against the file's pattern. Without fio the
-carina rates are recorded with no ceiling.
+carina rates are recorded with no ceiling. The file is dropped from the page
+cache before every carina run and its resident share measured after it
+(``resident_after``; ``O_DIRECT`` reads leave it near 0); a case whose runs
+left more than 5% resident says so in its ceiling source, and a backend's
+``direct_io`` report (kvikio's settings) is kept in the case's metrics.
 
 Usage: python benchmarks/io/bench_randread.py [--dir DIR] [--size 1G] [--cases rand4K@32,seq1M@32]
        [--backend uring] [--pairs 5] [--seconds 2]
@@ -38,7 +42,7 @@ from disk_ceiling import block_limits, fio_read_cmd
 
 from carina.core.bench import Figure, make_record, write_record
 from carina.core.errors import ConfigError
-from carina.io import IOConfig, IOEngine
+from carina.io import IOConfig, IOEngine, drop_cache, resident_fraction
 from carina.io.workload import Access, fill_file, parse_size, run_case
 
 
@@ -125,7 +129,9 @@ def measure(
                 if who == "fio" and fio:
                     pair["fio"] = fio_rate(fio, path, size, case, seconds)
                 elif who == "carina":
+                    drop_cache(path)  # a buffered backend starts cold every run; O_DIRECT reads never fill it
                     pair["carina"] = carina_rate(engine, handle, case, seconds, rows, verify=False)
+                    pair["carina"]["resident_after"] = resident_fraction(path)
             trials.append(pair)
             print(f"{case.key} pair {i}: {json.dumps(pair)}", file=sys.stderr)
         checked = carina_rate(engine, handle, case, min(seconds, 1.0), rows, verify=True)
@@ -138,6 +144,8 @@ def measure(
         "verified_bytes": checked["verified_bytes"],
         "rows_per_gather": rows,
         "backend": backend,
+        "page_cache_resident_after_carina_max": max(t["carina"]["resident_after"] for t in trials),
+        "backend_direct_io": getattr(engine.backend, "direct_io", None),
     }
     if fio:
         out["fio_iops_median"] = statistics.median(t["fio"]["iops"] for t in trials)
@@ -151,6 +159,8 @@ def measure(
 def _figure(case: Case, r: dict[str, Any], pairs: int, fio: bool) -> Figure:
     rand = case.access is Access.RAND
     what = f"{'randread' if rand else 'read'} {case.block >> 10} KiB iodepth={case.qd}"
+    cached = r["page_cache_resident_after_carina_max"]
+    label = f"; carina's reads left up to {cached:.0%} of the file in the page cache" if cached > 0.05 else ""
     return Figure(
         name=case.figure,
         value=r["carina_iops_median"] if rand else r["carina_bytes_per_s_median"] / 1e9,
@@ -158,9 +168,9 @@ def _figure(case: Case, r: dict[str, Any], pairs: int, fio: bool) -> Figure:
         ceiling=(r["fio_iops_median"] if rand else r["fio_bytes_per_s_median"] / 1e9) if fio else None,
         ceiling_source=(
             f"fio io_uring O_DIRECT {what}, {' / '.join(r['fio_buffers'])}, same file, median of {pairs} runs "
-            "interleaved with carina's"
+            f"interleaved with carina's{label}"
             if fio
-            else "none: fio not installed"
+            else f"none: fio not installed{label}"
         ),
     )
 

@@ -12,12 +12,13 @@
 #   3. gemm_tf32 (50/35): the same in fp32 operands with TF32 matmuls (1.2 GB against 512 MB) -> io_gemm_tf32_h200
 #   4. cam (50/35): GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32
 #      release) against host-initiated gathers, 64 batches of 1024 rows of 4 KiB, 5 rounds of the four passes
-#      (medians, every round kept, verdict beyond/inside noise) -> io_cam_h200
+#      (medians, every round kept, verdict beyond/inside noise), both paths through RowGather -> io_cam_h200
 #   5. fio_buffers (25/18, needs fio): fio with 4 KiB-page against huge-page buffers, 1 MiB / 4 MiB / 4 KiB reads,
 #      device requests per read and the disk's limits (why the session-5 ceilings read low) -> io_fio_buffers_h200
 #   6. kvikio (40/10): the kvikio backend's conformance tests against real KvikIO (the stand-in class runs in
 #      CI) and 1 MiB reads vs fio, from the wheels in $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh)
 #      -> io_kvikio_h200, or a log line saying absent
+#   6b. gputests (40/10): the gpu-marked tests of RowGather and CamGather (log only, no record)
 #   7. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
 #      and 1 MiB QD32 -> io_randread_posix_h200.json
 #   8. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
@@ -31,6 +32,7 @@
 # end; HUGEPAGES=0 reserves none (fio then uses 4 KiB pages and every ceiling_source says so).
 # Files in $OUT/io/ (at most 10): one <record>.json per step that finished, io_lane.log (all output).
 # Usage (repository root): OUT=<dir> bash benchmarks/io/lane_h200.sh ; carry: .carry-io
+# Some steps only: STEPS="gputests cam kvikio" BUDGET_S=140 OUT=<dir> bash benchmarks/io/lane_h200.sh (<= 40+50+40 s)
 # CPU proof: DEVICE=cpu PYTHON=.venv/bin/python OUT=/tmp/io_out bash benchmarks/io/lane_h200.sh
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -41,6 +43,7 @@ PYTHON=${PYTHON:-python3}
 CARRY=${CARRY:-.carry-io}
 TAG=${GPU_TAG:-h200}
 HUGEPAGES=${HUGEPAGES:-160}
+STEPS=${STEPS:-}  # e.g. "cam kvikio": run only these steps (default: all)
 [ "$DEVICE" = cpu ] && TAG=cpuproof  # record names say what made them
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 REC="$OUT/io"
@@ -56,6 +59,7 @@ echo "huge pages for fio: $(awk '/HugePages_Free/ {print $2}' /proc/meminfo) fre
 left() { echo $((BUDGET_S - ($(date +%s) - start))); }
 step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipped when < MIN_S are left
   local name=$1 min=$2 max=$3; shift 3
+  if [ -n "$STEPS" ] && [[ " $STEPS " != *" $name "* ]]; then echo "== $name: not in STEPS ($STEPS)"; return; fi
   local l; l=$(left)
   if [ "$l" -lt "$min" ]; then echo "== $name: SKIPPED ($l s left, needs $min s)"; return; fi
   [ "$max" -gt "$l" ] && max=$l
@@ -131,6 +135,8 @@ kvikio_step() {  # the kvikio backend: conformance, then 1 MiB reads against fio
   rm -rf "$T"
 }
 step kvikio 10 40 bash -c "$(declare -f kvikio_step); $(declare -p PYTHON CARRY KVREAD SCRATCH REC TAG FIOARG); kvikio_step"
+step gputests 10 40 env CUDA_MODULE_LOADING=EAGER "$PYTHON" -m pytest -q -p no:cacheprovider --tb=short -rfEs -m gpu \
+  tests/io/test_io_rows.py tests/io/test_io_cam.py
 
 # shellcheck disable=SC2086
 step pairs_posix 15 20 "$PYTHON" benchmarks/io/bench_randread.py $POSIX --backend posix --dir "$SCRATCH" "${FIOARG[@]}" \

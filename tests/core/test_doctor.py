@@ -46,6 +46,10 @@ def test_json_shape(report_json):
     from carina.io.backends import choose_backend
 
     assert report["io_backend"]["backend"] == choose_backend("auto").backend.name
+    from carina.io._rows import gather_path_report
+
+    assert report["io_backend"]["gather_path"] == gather_path_report()  # the batched-gather path auto takes, and why
+    assert report["io_backend"]["gather_path"]["path"] in ("gpu", "host")
 
 
 def test_tells_the_truth_about_this_machine(report_json):

@@ -27,6 +27,9 @@ def test_probe_names_the_choice_and_the_reasons(tmp_path: Path) -> None:
     assert report["order"] == ["uring", "posix"]
     assert report["io_uring"]["works"] == (report["backend"] == "uring")
     assert report["path"]["path"] == str(tmp_path)
+    gathers = report["gather_path"]
+    assert gathers["path"] == ("gpu" if gathers["device"] == "cuda" and not gathers["skipped"] else "host")
+    assert gathers["why"]
 
 
 def test_write_then_read_checks_the_pattern(tmp_path: Path) -> None:

@@ -42,7 +42,9 @@ def test_cam_benchmark_checks_both_paths_on_cpu(tmp_path: Path) -> None:
         assert len(m[name]["wall_s"]) == 2 and m[name]["median_s"] == sum(m[name]["wall_s"]) / 2
     assert m["bound_s"] == max(m["io_only"]["median_s"], m["compute_only"]["median_s"])
     assert m["verdict"] in ("inside noise", "gpu_initiated faster beyond noise", "host_initiated faster beyond noise")
-    assert m["gpu_initiated"]["stats"]["posted"] == m["gpu_initiated"]["stats"]["served"] == 5
+    for name, path in (("gpu_initiated", "gpu"), ("host_initiated", "host")):  # both through RowGather
+        assert m[name]["stats"]["path"] == path and m[name]["stats"]["posted"] == m[name]["stats"]["served"] == 5
+    assert m["host_initiated"]["stats"]["arena_overflows"] == 0  # the host path's staging fits the arena
     assert m["gpu_initiated"]["out_sum"] == m["host_initiated"]["out_sum"]  # same rows, same compute
     assert rec["figures"][0]["peers"].keys() == {"host_initiated_gather"}
 
@@ -106,6 +108,17 @@ def test_device_script_skips_steps_that_cannot_finish_in_the_budget(tmp_path: Pa
     assert "== batching: SKIPPED (no fio)" in proc.stdout and "== fio_buffers: SKIPPED (no fio)" in proc.stdout
     assert "huge pages for fio: " in proc.stdout and "(asked 0, " in proc.stdout  # HUGEPAGES=0: nothing reserved
     assert (tmp_path / "io" / "io_lane.log").read_text() == proc.stdout
+
+
+def test_device_script_runs_only_the_steps_named_in_steps(tmp_path: Path) -> None:
+    env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "60", "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "CARRY": str(tmp_path / "no-carry"), "FIO": "", "HUGEPAGES": "0", "STEPS": "kvikio"}  # fmt: skip
+    proc = subprocess.run(["bash", str(BENCH / "lane_h200.sh")], cwd=BENCH.parents[1], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("pairs", "gemm_bf16", "gemm_tf32", "cam", "gputests", "pairs_posix", "sort"):
+        assert f"== {name}: not in STEPS (kvikio)" in proc.stdout
+    assert "kvikio: ABSENT (no wheels" in proc.stdout
 
 
 def test_cam_verdict_needs_the_two_ranges_apart() -> None:

@@ -51,15 +51,17 @@ def doctor(
 
 
 def _io_choice() -> dict[str, object]:
-    """Which carina.io backend ``auto`` picks here, and why it skipped the others."""
+    """Which carina.io backend ``auto`` picks here, and why it skipped the others; the batched-gather path too."""
     from carina.core.errors import BackendUnavailable
+    from carina.io._rows import gather_path_report
     from carina.io.backends import choose_backend
 
+    gathers = gather_path_report()
     try:
         selection = choose_backend("auto")
     except BackendUnavailable as exc:
-        return {"backend": None, "reason": str(exc)}
-    return {"backend": selection.backend.name, "skipped": selection.skipped}
+        return {"backend": None, "reason": str(exc), "gather_path": gathers}
+    return {"backend": selection.backend.name, "skipped": selection.skipped, "gather_path": gathers}
 
 
 def main() -> None:

@@ -35,6 +35,9 @@ def show(report: Report, *, json_out: bool, io: dict[str, Any] | None = None) ->
     if io is not None:
         skipped = "; ".join(f"skipped {n}: {', '.join(r)}" for n, r in (io.get("skipped") or {}).items())
         rows.append(("io backend", str(io.get("backend")), skipped or str(io.get("reason", ""))))
+        gathers = io.get("gather_path")
+        if gathers:
+            rows.append((f"batched gathers ({gathers['device']})", str(gathers["path"]), gathers["why"]))
     for p in report.paths:
         rows.append(
             (

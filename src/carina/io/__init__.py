@@ -12,6 +12,9 @@ the best one that runs here::
         buf = aligned_buffer(1 << 20)
         n = eng.read(h, 0, buf).result()
 
+Batched row gathers at ids that may live on the GPU: ``RowGather`` (its
+``auto`` path is GPU-initiated for CUDA destinations, see :mod:`carina.io._rows`).
+
 Importing this package loads NumPy but never torch.
 """
 
@@ -24,6 +27,7 @@ from carina.io._config import Direct, IOConfig
 from carina.io._engine import IOEngine
 from carina.io._future import IOFuture, Request
 from carina.io._handle import FileHandle
+from carina.io._rows import RowGather, RowGatherConfig, choose_gather_path
 from carina.io.backends import choose_backend
 
 Engine = IOEngine
@@ -39,8 +43,11 @@ __all__ = [
     "IOEngine",
     "IOFuture",
     "Request",
+    "RowGather",
+    "RowGatherConfig",
     "aligned_buffer",
     "choose_backend",
+    "choose_gather_path",
     "drop_cache",
     "make_cold",
     "resident_fraction",

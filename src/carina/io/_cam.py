@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from carina.io._engine import IOEngine
     from carina.io._handle import FileHandle
 
-__all__ = ["CamConfig", "CamGather", "CamTicket"]
+__all__ = ["CamConfig", "CamGather", "CamTicket", "check_request", "request_failed", "row_offsets"]
 
 _ALIGN = 4096
 
@@ -156,7 +156,7 @@ class CamGather:
         """
         import torch
 
-        n = self._check_args(ids, dest)
+        n = check_request(self.config, ids, dest)
         if self._closing:
             raise IOEngineError("CamGather is closed", path=str(self.handle.path))
         seq = next(self._seq)
@@ -165,7 +165,7 @@ class CamGather:
         slot = seq % self.config.slots
         self._wait_done(slot, seq - self.config.slots, timeout=None)  # the slot's last request is served
         ticket = CamTicket(seq, slot, n)
-        view = dest.reshape(-1).view(torch.uint8)[: n * self.config.row_bytes]
+        view = dest_bytes(dest, n * self.config.row_bytes)
         event = None
         if self._cuda:
             stream = torch.cuda.current_stream(self.config.device)
@@ -181,21 +181,6 @@ class CamGather:
             self.stats["posted"] += 1
             self._cond.notify_all()
         return ticket
-
-    def _check_args(self, ids: Any, dest: Any) -> int:
-        import torch
-
-        if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
-            raise ConfigError("ids must be a 1-D int64 tensor", key="ids")
-        n = int(ids.numel())
-        if not 0 < n <= self.config.max_rows:
-            raise ConfigError(f"ids holds {n} rows; 1 to {self.config.max_rows} allowed", key="ids")
-        want = torch.device(self.config.device).type
-        if ids.device.type != want or not isinstance(dest, torch.Tensor) or dest.device.type != want:
-            raise ConfigError(f"ids and dest must be on {self.config.device}", key="dest")
-        if not dest.is_contiguous() or dest.numel() * dest.element_size() < n * self.config.row_bytes:
-            raise ConfigError(f"dest must be contiguous and hold {n * self.config.row_bytes} bytes", key="dest")
-        return n
 
     def wait(self, ticket: CamTicket, stream: Any = None) -> None:
         """Make ``stream`` (default: current) wait for ``ticket``'s rows; on CPU the host waits."""
@@ -216,7 +201,7 @@ class CamGather:
         self._wait_done(ticket.slot, ticket.seq, timeout)
         error = self._errors.pop(ticket.seq, None)
         if error is not None:
-            raise IOEngineError(f"GPU-posted gather {ticket.seq} failed: {error}", path=str(self.handle.path))
+            raise request_failed(ticket, self.handle, error)
 
     def _wait_done(self, slot: int, seq: int, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -253,11 +238,9 @@ class CamGather:
         if done is not None:
             done.synchronize()  # the slot's previous rows have left its staging buffer
         rb = self.config.row_bytes
-        offsets = self._ids_np[t.slot, : t.rows] * rb
         staging = self._staging_np[t.slot * self._stride : t.slot * self._stride + t.rows * rb]
         try:
-            if offsets.min() < 0 or int(offsets.max()) + rb > self.handle.size:
-                raise IOEngineError("row id outside the file", path=str(self.handle.path), offset=int(offsets.max()))
+            offsets = row_offsets(self._ids_np[t.slot, : t.rows], rb, self.handle)
             fut = self.engine.gather(self.handle, offsets, rb, staging)
         except Exception as exc:  # noqa: BLE001 - a bad request fails its own ticket, never the manager
             self._finish(p, exc)
@@ -316,6 +299,57 @@ class CamGather:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_request(config: CamConfig, ids: Any, dest: Any) -> int:
+    """Validate one request of a row gather (either path); return its row count.
+
+    Raises:
+        ConfigError: ``ids`` is not a 1-D int64 tensor of 1 to ``max_rows`` rows on
+            ``config.device``, or ``dest`` is not a contiguous tensor there that holds the rows.
+    """
+    import torch
+
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 1 or ids.dtype != torch.int64:
+        raise ConfigError("ids must be a 1-D int64 tensor", key="ids")
+    n = int(ids.numel())
+    if not 0 < n <= config.max_rows:
+        raise ConfigError(f"ids holds {n} rows; 1 to {config.max_rows} allowed", key="ids")
+    want = torch.device(config.device).type
+    if ids.device.type != want or not isinstance(dest, torch.Tensor) or dest.device.type != want:
+        raise ConfigError(f"ids and dest must be on {config.device}", key="dest")
+    if not dest.is_contiguous() or dest.numel() * dest.element_size() < n * config.row_bytes:
+        raise ConfigError(f"dest must be contiguous and hold {n * config.row_bytes} bytes", key="dest")
+    return n
+
+
+def dest_bytes(dest: Any, nbytes: int) -> Any:
+    """The first ``nbytes`` of a contiguous tensor, as a flat ``uint8`` view."""
+    import torch
+
+    return dest.reshape(-1).view(torch.uint8)[:nbytes]
+
+
+def row_offsets(ids: np.ndarray, row_bytes: int, handle: FileHandle) -> np.ndarray:
+    """File offsets of rows ``ids`` (host values).
+
+    Raises:
+        IOEngineError: A row lies outside the file (naming the first such offset).
+    """
+    offsets = ids.astype(np.int64, copy=False) * row_bytes
+    bad = (offsets < 0) | (offsets + row_bytes > handle.size)
+    if bad.any():
+        where = int(offsets[np.flatnonzero(bad)[0]])
+        raise IOEngineError("row id outside the file", path=str(handle.path), offset=where)
+    return offsets
+
+
+def request_failed(ticket: CamTicket, handle: FileHandle, error: BaseException) -> IOEngineError:
+    """The error a failed request raises at its wait: the request named, the cause's class and context kept."""
+    context = {"path": str(handle.path), **getattr(error, "context", {})}
+    cls = type(error) if isinstance(error, IOEngineError) else IOEngineError
+    message = getattr(error, "message", None) or str(error)
+    return cls(f"gather request {ticket.seq} ({ticket.rows} rows) failed: {message}", **context)
 
 
 def reference_rows(path: str, ids: np.ndarray, row_bytes: int) -> np.ndarray:

@@ -43,8 +43,9 @@ def _engine(backend: str, direct: str, queue_depth: int) -> Any:
 
 
 def probe_report(path: Path) -> dict[str, Any]:
-    """What ``carina io probe`` shows: backend choice with reasons, io_uring, O_DIRECT at ``path``."""
+    """What ``carina io probe`` shows: backend choice with reasons, the batched-gather path, io_uring, O_DIRECT."""
     from carina.core.probes import probe_io_uring, probe_path
+    from carina.io._rows import gather_path_report
     from carina.io.backends import AUTO_ORDER, choose_backend
 
     selection = choose_backend("auto")
@@ -56,6 +57,7 @@ def probe_report(path: Path) -> dict[str, Any]:
         "order": list(AUTO_ORDER),
         "named_only": {"kvikio": _kvikio_reasons() or ["available"]},
         "io_uring": {"works": uring_ok, "reason": uring_why},
+        "gather_path": gather_path_report(),
         "path": {
             "path": str(path),
             "filesystem": where.filesystem,
@@ -87,7 +89,9 @@ def probe(
     rows = [("backend (auto)", report["backend"])]
     rows += [(f"skipped {name}", "; ".join(why)) for name, why in report["skipped"].items()]
     rows += [(f"{name} (only when named)", "; ".join(why)) for name, why in report["named_only"].items()]
+    gathers = report["gather_path"]
     rows += [
+        (f"batched gathers (auto, {gathers['device']})", f"{gathers['path']}: {gathers['why']}"),
         ("io_uring", report["io_uring"]["reason"]),
         ("O_DIRECT at " + report["path"]["path"], report["path"]["o_direct_reason"]),
         ("file system", report["path"]["filesystem"]),

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["KvikioCompatStandIn"]
+__all__ = ["KvikioCompatStandIn", "KvikioDefaultsStandIn", "write_kvikio_package"]
 
 
 class KvikioCompatStandIn:
@@ -58,3 +59,47 @@ class _Ready:
 
     def get(self) -> int:
         return self._value
+
+
+class KvikioDefaultsStandIn:
+    """A stand-in for ``kvikio.defaults`` (``get``/``set``), starting from KvikIO 26.10's documented defaults.
+
+    ``runtime_settings.rst``: opportunistic Direct I/O off for reads, on for
+    writes; one thread in the pool. Unknown keys raise ``KeyError`` as KvikIO's do.
+    """
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {"auto_direct_io_read": False, "auto_direct_io_write": True, "num_threads": 1}
+        self.calls: list[tuple[str, Any]] = []
+
+    def get(self, key: str) -> Any:
+        """The setting's value."""
+        return self.values[key]
+
+    def set(self, key: str, value: Any) -> None:
+        """Change a setting (every call is kept in :attr:`calls`)."""
+        if key not in self.values:
+            raise KeyError(key)
+        self.calls.append((key, value))
+        self.values[key] = value
+
+
+_PACKAGE_INIT = "from carina.testing.kvikio import KvikioCompatStandIn as CuFile  # noqa: F401\n"
+_PACKAGE_DEFAULTS = (
+    "from carina.testing.kvikio import KvikioDefaultsStandIn\n\n"
+    "STAND_IN = KvikioDefaultsStandIn()\nget = STAND_IN.get\nset = STAND_IN.set\n"
+)
+
+
+def write_kvikio_package(directory: str | Path) -> Path:
+    """Write a stand-in ``kvikio`` package under ``directory`` (put it first on ``sys.path``); return ``directory``.
+
+    Shaped like the real one where the backend depends on it: ``import kvikio``
+    gives ``CuFile`` (:class:`KvikioCompatStandIn`), and ``defaults`` is a
+    submodule that ``import kvikio`` does not load.
+    """
+    root = Path(directory)
+    (root / "kvikio").mkdir(parents=True, exist_ok=True)
+    (root / "kvikio" / "__init__.py").write_text(_PACKAGE_INIT)
+    (root / "kvikio" / "defaults.py").write_text(_PACKAGE_DEFAULTS)
+    return root

@@ -17,11 +17,25 @@ showed on the H200 in session 5: four conformance failures and 1 MiB reads at
 * errors are ``RuntimeError`` s with the errno only in the message: the
   message's ``strerror`` text is mapped back to the errno (``ENOSPC`` ->
   ``DeviceFull``);
-* a reopened descriptor loses ``O_DIRECT`` and KvikIO's compat mode reads host
-  memory through the page cache unless its opportunistic Direct I/O is on: the
-  backend turns ``auto_direct_io_read``/``write`` on (process-wide; unless
-  ``KVIKIO_AUTO_DIRECT_IO_READ``/``_WRITE`` are set), so aligned requests
-  bypass the page cache as the other backends' do.
+* a reopened descriptor loses ``O_DIRECT`` and KvikIO reads host memory with
+  buffered ``pread`` unless its opportunistic Direct I/O is on (off by default
+  for reads). The backend turns ``auto_direct_io_read``/``write`` on through the
+  ``kvikio.defaults`` submodule, which ``import kvikio`` does not load (session
+  5 reached for ``kvikio.defaults`` as an attribute, failed with a logged
+  warning, and read through the page cache: faster than fio's ``O_DIRECT``
+  ceiling in ``io_kvikio_h200``, session 6). KvikIO
+  then opens a second, ``O_DIRECT`` descriptor per file and reads each
+  page-aligned part of a request whose size is at least a page through it
+  (an unaligned buffer goes through its own page-aligned bounce buffer); an
+  unaligned prefix and a tail shorter than a page stay buffered. The engine
+  hands it aligned requests whenever its handle is direct.
+
+KvikIO runs every ``pread`` on its own thread pool, one thread unless
+``KVIKIO_NTHREADS`` says otherwise, so the ``workers`` threads' requests would
+reach the disk one at a time: the backend sizes that pool to ``workers``.
+Every setting is left alone when its ``KVIKIO_*`` variable is set, and all are
+process-wide. :attr:`KvikioBackend.direct_io` says what KvikIO ended up with
+and why any read may still use the page cache.
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ import queue
 import re
 import stat
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -43,7 +57,7 @@ import numpy as np
 from carina.io._future import Op, OpKind
 from carina.io.backends.base import IOBackend
 
-__all__ = ["KvikioBackend", "kvikio_errno"]
+__all__ = ["KvikioBackend", "configure_kvikio", "kvikio_errno"]
 
 log = logging.getLogger("carina.io")
 
@@ -51,7 +65,13 @@ INSTALL_HINT = "kvikio is not installed: pip install kvikio-cu13 (or kvikio-cu12
 
 
 class KvikioBackend(IOBackend):
-    """Thread pool over ``kvikio.CuFile.pread``/``pwrite``."""
+    """Thread pool over ``kvikio.CuFile.pread``/``pwrite``.
+
+    Attributes:
+        direct_io: What :func:`configure_kvikio` left KvikIO with (``settings``,
+            ``from_environment``) and ``page_cache``: every reason found why
+            reads may still go through the page cache (empty when none).
+    """
 
     name: ClassVar[str] = "kvikio"
     capabilities: ClassVar[frozenset[str]] = frozenset({"vectored", "async", "real_io", "gpu_direct"})
@@ -59,10 +79,12 @@ class KvikioBackend(IOBackend):
     def __init__(self, *, queue_depth: int = 64, workers: int = 0, cufile: Callable[..., Any] | None = None) -> None:
         """``cufile`` replaces ``kvikio.CuFile`` (tests on machines without the CUDA driver pass a stand-in)."""
         super().__init__(queue_depth=queue_depth, workers=workers)
+        self.direct_io: dict[str, Any] = {"settings": {}, "page_cache": []}
         if cufile is None:
             import kvikio
+            import kvikio.defaults  # a submodule: ``import kvikio`` alone does not load it
 
-            _direct_io_on(kvikio)
+            self.direct_io = configure_kvikio(kvikio.defaults, threads=self.workers)
             cufile = kvikio.CuFile
         self._cufile = cufile
         self._files: dict[tuple[int, int, int, int], Any] = {}
@@ -115,7 +137,18 @@ class KvikioBackend(IOBackend):
             if f is None:
                 f = self._cufile(f"/proc/self/fd/{fd}", "r" if mode == os.O_RDONLY else "r+")
                 self._files[key] = f
+                self._check_direct(f, fd)
         return f
+
+    def _check_direct(self, f: Any, fd: int) -> None:
+        """Note a file KvikIO holds no ``O_DIRECT`` descriptor for (its reads use the page cache)."""
+        supported = getattr(f, "is_direct_io_supported", None)
+        if supported is None or supported():
+            return
+        where = os.readlink(f"/proc/self/fd/{fd}")
+        why = f"KvikIO holds no O_DIRECT descriptor for {where}: its IO uses the page cache"
+        self.direct_io["page_cache"].append(why)
+        log.warning("carina.io: %s", why)
 
     def _perform(self, op: Op) -> int | OSError:
         try:
@@ -158,12 +191,40 @@ def _regular_size(fd: int) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def _direct_io_on(kvikio: Any) -> None:
-    """Turn on KvikIO's opportunistic Direct I/O for reads and writes, unless its environment says otherwise."""
-    for key in ("auto_direct_io_read", "auto_direct_io_write"):
-        if f"KVIKIO_{key.upper()}" in os.environ:
-            continue
+_ENV = {
+    "auto_direct_io_read": "KVIKIO_AUTO_DIRECT_IO_READ",
+    "auto_direct_io_write": "KVIKIO_AUTO_DIRECT_IO_WRITE",
+    "num_threads": "KVIKIO_NTHREADS",
+}
+
+
+def configure_kvikio(defaults: Any, *, threads: int, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Turn KvikIO's opportunistic Direct I/O on and give its pool ``threads`` threads (at least).
+
+    Args:
+        defaults: The ``kvikio.defaults`` module (``get(key)``, ``set(key, value)``).
+        threads: Threads KvikIO's pool should have (the backend's ``workers``).
+        environ: A setting whose ``KVIKIO_*`` variable is set here is left alone.
+
+    Returns:
+        ``settings`` (KvikIO's values as read back), ``from_environment`` (the
+        variables that decided) and ``page_cache`` (why reads may use the page cache).
+    """
+    wanted: dict[str, Any] = {"auto_direct_io_read": True, "auto_direct_io_write": True, "num_threads": threads}
+    out: dict[str, Any] = {"settings": {}, "from_environment": [], "page_cache": []}
+    for key, value in wanted.items():
+        if _ENV[key] in environ:
+            out["from_environment"].append(_ENV[key])
         try:
-            kvikio.defaults.set(key, True)
-        except Exception as exc:  # noqa: BLE001 - an older KvikIO without the setting: buffered, said once
-            log.warning("carina.io: kvikio has no %s (%s): its reads and writes use the page cache", key, exc)
+            if _ENV[key] not in environ:
+                defaults.set(key, max(value, defaults.get(key)) if key == "num_threads" else value)
+            out["settings"][key] = defaults.get(key)
+        except Exception as exc:  # noqa: BLE001 - an older KvikIO without the setting
+            out["settings"][key] = None
+            out["page_cache"].append(f"this KvikIO has no {key} setting ({exc})")
+    if out["settings"]["auto_direct_io_read"] is False:
+        why = "KvikIO's Direct I/O for reads is off"
+        out["page_cache"].append(f"{why} ({_ENV['auto_direct_io_read']}): its reads use the page cache")
+    for why in out["page_cache"]:
+        log.warning("carina.io: %s", why)
+    return out
