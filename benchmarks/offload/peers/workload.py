@@ -8,9 +8,11 @@ and reports the same metrics.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 SHAPES: dict[str, dict[str, int]] = {
@@ -122,20 +124,82 @@ def n_params(spec: RunSpec) -> int:
     return layers * (4 * h * h + 3 * h * inter + 2 * h) + 2 * vocab * h + h
 
 
-def build_model(spec: RunSpec, *, device: str | None = "cpu", checkpointing: bool = False) -> Any:
-    """The Llama model of ``spec``, seeded, random init, fp32, on ``device`` (None: the caller's context)."""
-    import contextlib
+def build_model(spec: RunSpec, *, device: str = "cpu", checkpointing: bool = False) -> Any:
+    """The Llama model of ``spec``: seeded random init on the CPU, fp32, then moved to ``device``.
 
+    Every system's weights come from the CPU generator, whatever device it trains on (a model built
+    under ``torch.device("cuda")`` draws from CUDA's generator: other weights, which no loss check
+    could compare). With ``PEERS_WEIGHTS_DIR`` set, the first build saves every parameter and buffer
+    there and later builds of the same shape load them (bitwise the same model, without the init).
+    """
     import torch
     from transformers import LlamaForCausalLM
 
-    torch.manual_seed(spec.seed)
-    with torch.device(device) if device else contextlib.nullcontext():
-        model = LlamaForCausalLM(llama_config(spec))
+    cache = _weights_file(spec)
+    if cache is not None and cache.exists():
+        model = _load_model(spec, cache)
+    else:
+        torch.manual_seed(spec.seed)
+        with torch.device("cpu"):
+            model = LlamaForCausalLM(llama_config(spec))
+        if cache is not None:
+            _save_model(model, cache)
     if checkpointing:  # per-layer activation checkpointing, as the peers' docs recommend under a memory cap
         model.gradient_checkpointing_enable()
     model.config.use_cache = False
+    return model.to(device) if device != "cpu" else model
+
+
+def _weights_file(spec: RunSpec) -> Path | None:
+    """Where the weights of ``spec``'s model are cached (None: no cache). The name holds all that shapes them."""
+    root = os.environ.get("PEERS_WEIGHTS_DIR")
+    if not root:
+        return None
+    layers = spec.layers or SHAPES[spec.shape]["num_hidden_layers"]
+    pos = max(spec.seq_len, 128)  # max_position_embeddings: the rotary buffers
+    return Path(root) / f"{spec.shape}_{layers}l_v{spec.vocab}_pos{pos}_seed{spec.seed}.pt"
+
+
+def _save_model(model: Any, path: Path) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(_tensors(model), tmp)
+    tmp.rename(path)  # a reader never sees a half-written file
+
+
+def _load_model(spec: RunSpec, path: Path) -> Any:
+    """The model built without init (meta), every parameter and buffer taken from ``path``.
+
+    Memory-mapped copy-on-write, so the process's resident memory grows as the built model's would
+    (a copy of the whole file into the model would double its host peak for a moment).
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from carina.core.errors import ConfigError
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(llama_config(spec))
+    saved = torch.load(path, mmap=True, weights_only=True)
+    current = _tensors(model)
+    if set(current) != set(saved):
+        odd = sorted(set(saved) ^ set(current))[:5]
+        raise ConfigError(f"{path} holds other tensors than the {spec.shape} model: {odd}", key="path")
+    for name, tensor in saved.items():
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if attr in module._parameters:
+            module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=current[name].requires_grad)
+        else:
+            module._buffers[attr] = tensor
     return model
+
+
+def _tensors(model: Any) -> dict[str, Any]:
+    """Every parameter and buffer (non-persistent ones too: the rotary frequencies) by name."""
+    return dict(model.named_parameters()) | dict(model.named_buffers())
 
 
 def batches(spec: RunSpec) -> list[tuple[Any, ...]]:
