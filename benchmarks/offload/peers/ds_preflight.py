@@ -156,7 +156,10 @@ def _versions() -> dict[str, str]:
 
 
 def _failure_lines(log: str) -> list[str]:
-    """The compiler's and the loader's own words: error lines first, else the last lines."""
+    """The compiler's and the loader's own words: error lines first, else the last lines (no colour codes)."""
+    import re
+
+    log = re.sub(r"\x1b\[[0-9;]*m", "", log)  # DeepSpeed colours its warnings
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower() or "no such file" in ln.lower()]
     return (errors or lines)[-8:]

@@ -37,6 +37,7 @@ def loss_check(result: dict[str, Any], reference: dict[str, Any] | None, *, gpu:
         "last_abs_diff": diffs[-1],
         "drift": max(abs((x - a[0]) - (y - b[0])) for x, y in zip(a[:n], b[:n], strict=True)),
         "reference_descent": b[0] - b[n - 1],
+        "reference_losses": b[:n],
     }
 
 
