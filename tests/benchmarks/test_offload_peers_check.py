@@ -31,17 +31,19 @@ def test_cached_weights_are_the_built_model_bitwise(tmp_path, monkeypatch):
     monkeypatch.setenv("PEERS_WEIGHTS_DIR", str(tmp_path))
     saved = workload.build_model(TINY)  # builds and saves
     [path] = tmp_path.iterdir()
-    assert path.name == "tiny_2l_v32000_pos128_seed0.pt"
+    assert path.name == "tiny_2l_v32000_pos128_seed0" and (path / "manifest.json").exists()
     loaded = workload.build_model(TINY, checkpointing=True)  # maps the file
     want, got = workload._tensors(built), workload._tensors(loaded)
     assert set(want) == set(got) and any("rotary" in name for name in got)  # non-persistent buffers too
     assert all(torch.equal(want[k], got[k]) and not got[k].is_meta for k in want)
+    # each tensor maps its own file: freeing one gives its memory back, as with the built model
+    assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in got.values())
     assert all(p.requires_grad for p in loaded.parameters())
     assert any(getattr(m, "gradient_checkpointing", False) for m in loaded.modules())
     assert workload._tensors(saved).keys() == want.keys()
     other = replace(TINY, layers=1)  # another shape: another file, never the cached one
     assert workload._weights_file(other) != path
-    torch.save({"lm_head.weight": torch.zeros(1)}, workload._weights_file(other))
+    workload._save_model(torch.nn.Linear(1, 1), workload._weights_file(other))  # another model's tensors
     with pytest.raises(ConfigError, match="holds other tensors than the tiny model"):
         workload.build_model(other)
 
@@ -61,8 +63,8 @@ def test_the_reference_is_checkpointed_plain_where_plain_does_not_fit(monkeypatc
     base = replace(TINY, shape="7b", layers=16, tokens_per_step=32768, seq_len=2048, device="auto")
     calls = []
 
-    def fake_run_one(spec, timeout):  # plain uncapped out of memory at the full model, as at 32k on the H200
-        calls.append((spec.system, spec.layers))
+    def fake_run_one(spec, timeout, cache=True):  # plain uncapped out of memory at 16 layers, as at 32k on the H200
+        calls.append((spec.system, spec.layers, cache))
         if spec.system == "plain" and spec.layers == 16:
             return {"spec": asdict(spec), "status": "failed", "reason": "out of memory; fp32 weights ..."}
         tps = {"plain_checkpointed": 100.0, 4: 400.0, 8: 200.0}[spec.system if spec.layers == 16 else spec.layers]
@@ -70,7 +72,8 @@ def test_the_reference_is_checkpointed_plain_where_plain_does_not_fit(monkeypatc
 
     monkeypatch.setattr(harness, "run_one", fake_run_one)
     ideal_s, how, reference, ref_how = harness.ideal_step_s(base, timeout=10)
-    assert calls == [("plain", 16), ("plain_checkpointed", 16), ("plain", 4), ("plain", 8)]
+    # the truncations' weights are used once: not cached
+    assert calls == [("plain", 16, True), ("plain_checkpointed", 16, True), ("plain", 4, False), ("plain", 8, False)]
     assert reference["spec"]["system"] == "plain_checkpointed" and ref_how == report.REFERENCE_CHECKPOINTED
     assert reference["spec"]["gpu_budget_gib"] is None  # uncapped, as the ideal
     assert ideal_s == pytest.approx(32768 / 400 + (32768 / 200 - 32768 / 400) / 4 * 12)  # never the reference's

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -47,12 +48,14 @@ from systems import static_result  # noqa: E402
 from workload import SHAPES, RunSpec, n_params  # noqa: E402
 
 
-def run_one(spec: RunSpec, timeout: float) -> dict[str, Any]:
+def run_one(spec: RunSpec, timeout: float, *, cache: bool = True) -> dict[str, Any]:
+    """``spec`` in a process of its own; ``cache=False``: without the weights cache (a model used once)."""
+    env = None if cache else {k: v for k, v in os.environ.items() if k != "PEERS_WEIGHTS_DIR"}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(HERE / "run_system.py"), "--spec", json.dumps(asdict(spec)), "--out", str(out)]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return {"spec": asdict(spec), "status": "failed", "reason": f"timed out after {timeout:g} s"}
         if not out.exists():
@@ -90,7 +93,7 @@ def ideal_step_s(base: RunSpec, timeout: float) -> tuple[float | None, str, dict
     reference, ref_how = (ref, REFERENCE_CHECKPOINTED) if ref["status"] == "ok" else (None, _outcome(ref)[:200])
     points = []
     for layers in (4, 8):
-        res = run_one(replace(base, system="plain", gpu_budget_gib=None, layers=layers), timeout)
+        res = run_one(replace(base, system="plain", gpu_budget_gib=None, layers=layers), timeout, cache=False)
         if res["status"] != "ok":
             return None, f"plain PyTorch could not run {layers} layers: {res['reason']}", reference, ref_how
         points.append((layers, base.tokens_per_step / res["tokens_per_s"]))

@@ -157,24 +157,37 @@ def _weights_file(spec: RunSpec) -> Path | None:
         return None
     layers = spec.layers or SHAPES[spec.shape]["num_hidden_layers"]
     pos = max(spec.seq_len, 128)  # max_position_embeddings: the rotary buffers
-    return Path(root) / f"{spec.shape}_{layers}l_v{spec.vocab}_pos{pos}_seed{spec.seed}.pt"
+    return Path(root) / f"{spec.shape}_{layers}l_v{spec.vocab}_pos{pos}_seed{spec.seed}"
 
 
 def _save_model(model: Any, path: Path) -> None:
+    """Every tensor as a raw file of its own and a manifest (name -> file, dtype, shape), written atomically."""
+    import shutil
+
     import torch
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(_tensors(model), tmp)
-    tmp.rename(path)  # a reader never sees a half-written file
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True)
+    manifest = {}
+    for i, (name, tensor) in enumerate(_tensors(model).items()):
+        t = tensor.detach().contiguous()
+        t.view(-1).view(torch.uint8).numpy().tofile(tmp / f"{i}.bin")  # the raw bytes, whatever the dtype
+        manifest[name] = {"file": f"{i}.bin", "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    try:
+        tmp.rename(path)  # a reader never sees a half-written cache
+    except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _load_model(spec: RunSpec, path: Path) -> Any:
-    """The model built without init (meta), every parameter and buffer taken from ``path``.
+    """The model built without init (meta), every parameter and buffer mapped from ``path``.
 
-    Memory-mapped copy-on-write, so the process's resident memory grows as the built model's would
-    (a copy of the whole file into the model would double its host peak for a moment).
+    Each tensor is a copy-on-write mapping of its own file, given back when the tensor is freed, so the
+    process's resident memory grows and shrinks as with the built model.
     """
+    import math
+
     import torch
     from transformers import LlamaForCausalLM
 
@@ -182,12 +195,15 @@ def _load_model(spec: RunSpec, path: Path) -> Any:
 
     with torch.device("meta"):
         model = LlamaForCausalLM(llama_config(spec))
-    saved = torch.load(path, mmap=True, weights_only=True)
+    manifest = json.loads((path / "manifest.json").read_text())
     current = _tensors(model)
-    if set(current) != set(saved):
-        odd = sorted(set(saved) ^ set(current))[:5]
+    if set(current) != set(manifest):
+        odd = sorted(set(manifest) ^ set(current))[:5]
         raise ConfigError(f"{path} holds other tensors than the {spec.shape} model: {odd}", key="path")
-    for name, tensor in saved.items():
+    for name, entry in manifest.items():
+        dtype, shape = getattr(torch, entry["dtype"]), entry["shape"]
+        tensor = torch.from_file(str(path / entry["file"]), shared=False, size=math.prod(shape), dtype=dtype)
+        tensor = tensor.view(shape)
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
         if attr in module._parameters:
