@@ -17,9 +17,13 @@ ideal and are rewritten with it. ``--budget`` bounds the whole run: a system lef
 Configurations are the presets of ``presets.py``: a step's micro-batch split (gradient accumulation) and a
 host budget (the spill configuration) are part of a configuration, the same for every system and the ideal
 (which has no host budget). With ``--nvme-path`` each system spills into a folder of its own, removed after it.
+A system that failed at the configuration in a committed record the preset names (``known``) is a
+``not run`` row naming that record (earlier.py); a row whose reason is known without running it is written
+without a process.
 
 Ideal: plain PyTorch with unlimited memory; when the model does not fit, its step time is
-extrapolated from 4- and 8-layer truncations (time = a + b·layers). Roofline: the step cannot
+extrapolated from 4- and 8-layer truncations (time = a + b·layers), and plain PyTorch uncapped with
+activation checkpointing (the same math, never the ideal) is every system's loss reference. Roofline: the step cannot
 be faster than the ideal's compute, nor than moving the bf16 weights to the GPU twice (forward
 and backward) and the bf16 gradients back once over the measured PCIe bandwidth, nor than the
 measured CPU AdamW throughput over all parameters.
