@@ -17,7 +17,8 @@
 # typing-extensions, and Debian 12's libaio1 + libaio-dev .debs, unpacked to a prefix, never to /).
 #
 # Usage (repository root): OUT=<dir> bash benchmarks/offload/peers/lane_peers_h200.sh
-#   PRESET=h200-7b16l LANE=peers7b BUDGET=575 PER_RUN=150: the 7B-shape lane (lane_peers_h200_7b.sh)
+#   the 7B16l lanes set PRESET, LANE, BUDGET, PER_RUN and TAG: lane_peers_h200_7b.sh (8k), _check3b.sh (the 3B
+#   loss check), _7b32k.sh, _7b128k.sh, _spill.sh; each states its expected time at its top
 #   NVME_DIR=<dir on a disk>: where the aio check writes (O_DIRECT: not tmpfs); NVME=1 adds ZeRO-Infinity
 # CPU proof (tiny model, run on the CPU machine; wheels installed beforehand into SITE):
 #   DEVICE=cpu PY=/work/main/.venv/bin/python SITE=/tmp/dssite OUT=/tmp/o bash <this script>
