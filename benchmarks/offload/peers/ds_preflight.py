@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 NAME = "offload_peers_deepspeed_preflight"
+ENV_KEYS = ("CC", "CPATH", "LIBRARY_PATH", "LD_LIBRARY_PATH", "CFLAGS", "LDFLAGS")  # what the builds read
 
 
 def _check_cpu_adam() -> dict[str, Any]:
@@ -60,8 +61,10 @@ def _check_async_io(aio_dir: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     builder = AsyncIOBuilder()
     compatible = builder.is_compatible(verbose=True)
-    if not compatible:
-        return {"ok": False, "reason": "AsyncIOBuilder.is_compatible: io_submit from libaio did not compile/link"}
+    if not compatible:  # DeepSpeed's probe swallows the compiler's words: run it again, saying them
+        probe = _probe_libaio()
+        why = "AsyncIOBuilder.is_compatible: io_submit from libaio did not compile/link"
+        return {"ok": False, "reason": f"{why}; probe: {probe['outcome']}", "probe": probe}
     aio = builder.load(verbose=False)
     build_s = time.perf_counter() - t0
     handle = aio.aio_handle(1 << 20, 8, False, True, 1)  # block size, queue depth, single submit, overlap, threads
@@ -81,6 +84,44 @@ def _check_async_io(aio_dir: str) -> dict[str, Any]:
     return {"ok": same, "build_and_load_s": build_s, "roundtrip_bitwise_equal": same, "aio_dir": aio_dir}
 
 
+def _probe_libaio() -> dict[str, Any]:
+    """DeepSpeed's libaio probe (a C program calling io_submit, compiled and linked with -laio by the
+    compiler Python was built with, or ``CC``, with ``CFLAGS`` and ``LDFLAGS``), keeping each step's command
+    and the compiler's own error text, which ``has_function`` discards."""
+    import importlib
+    import shlex
+
+    try:  # what DeepSpeed imports (Python 3.12 has no distutils of its own: setuptools provides it)
+        ccompiler, dsys = (importlib.import_module(f"distutils.{m}") for m in ("ccompiler", "sysconfig"))
+        compiler: Any = ccompiler.new_compiler()
+        dsys.customize_compiler(compiler)
+    except Exception as exc:  # the probe reports whatever stops it
+        return {"outcome": f"distutils: {type(exc).__name__}: {exc}"}
+    cflags = shlex.split(os.environ.get("CFLAGS", ""))
+    ldflags = shlex.split(os.environ.get("LDFLAGS", ""))
+    out: dict[str, Any] = {"python_cc": sysconfig.get_config_var("CC"), "CC": os.environ.get("CC", "")}
+    with tempfile.TemporaryDirectory() as tmp:
+        src, obj, exe = (str(Path(tmp) / name) for name in ("probe.c", "probe.o", "a.out"))
+        Path(src).write_text("void io_submit(void); int main(int argc, char** argv) { io_submit(); return 0; }")
+        steps = {
+            "compile": [*compiler.compiler_so, *cflags, "-c", src, "-o", obj],
+            "link": [*compiler.linker_exe, *ldflags, obj, "-laio", "-o", exe],
+        }
+        for step, cmd in steps.items():
+            out[step] = " ".join(cmd)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                out["outcome"] = f"{step}: {type(exc).__name__}: {exc}"
+                return out
+            if proc.returncode:
+                words = " | ".join(_failure_lines(proc.stderr + proc.stdout))
+                out["outcome"] = f"{step} exit {proc.returncode}: {words}"
+                return out
+    out["outcome"] = "compiles and links here (DeepSpeed's probe failed for another reason)"
+    return out
+
+
 def _toolchain() -> dict[str, Any]:
     def first_line(cmd: list[str]) -> str:
         if shutil.which(cmd[0]) is None:
@@ -95,7 +136,10 @@ def _toolchain() -> dict[str, Any]:
         "cxx": first_line([os.environ.get("CXX", "c++"), "--version"]),
         "nvcc": first_line(["nvcc", "--version"]) if shutil.which("nvcc") else "absent",
         "ninja": first_line(["ninja", "--version"]),
-        "env": {k: os.environ.get(k, "") for k in ("CPATH", "LIBRARY_PATH", "LD_LIBRARY_PATH", "CFLAGS", "LDFLAGS")},
+        "cc": first_line([*os.environ.get("CC", str(sysconfig.get_config_var("CC") or "cc")).split(), "--version"]),
+        "env": {
+            k: os.environ.get(k, "") for k in ("CC", "CPATH", "LIBRARY_PATH", "LD_LIBRARY_PATH", "CFLAGS", "LDFLAGS")
+        },
     }
 
 
@@ -112,7 +156,10 @@ def _versions() -> dict[str, str]:
 
 
 def _failure_lines(log: str) -> list[str]:
-    """The compiler's and the loader's own words: error lines first, else the last lines."""
+    """The compiler's and the loader's own words: error lines first, else the last lines (no colour codes)."""
+    import re
+
+    log = re.sub(r"\x1b\[[0-9;]*m", "", log)  # DeepSpeed colours its warnings
     lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower() or "no such file" in ln.lower()]
     return (errors or lines)[-8:]

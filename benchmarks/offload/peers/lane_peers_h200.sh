@@ -17,7 +17,8 @@
 # typing-extensions, and Debian 12's libaio1 + libaio-dev .debs, unpacked to a prefix, never to /).
 #
 # Usage (repository root): OUT=<dir> bash benchmarks/offload/peers/lane_peers_h200.sh
-#   PRESET=h200-7b16l LANE=peers7b BUDGET=575 PER_RUN=150: the 7B-shape lane (lane_peers_h200_7b.sh)
+#   the 7B16l lanes set PRESET, LANE, BUDGET, PER_RUN and TAG: lane_peers_h200_7b.sh (8k), _check3b.sh (the 3B
+#   loss check), _7b32k.sh, _7b128k.sh, _spill.sh; each states its expected time at its top
 #   NVME_DIR=<dir on a disk>: where the aio check writes (O_DIRECT: not tmpfs); NVME=1 adds ZeRO-Infinity
 # CPU proof (tiny model, run on the CPU machine; wheels installed beforehand into SITE):
 #   DEVICE=cpu PY=/work/main/.venv/bin/python SITE=/tmp/dssite OUT=/tmp/o bash <this script>
@@ -70,6 +71,31 @@ if [ "$DEVICE" != cpu ] && CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,
   export TORCH_CUDA_ARCH_LIST=$CC
 fi
 
+# DeepSpeed's libaio probe (AsyncIOBuilder.is_compatible) compiles and links a C program with the C compiler
+# Python was built with (or CC) and discards the compiler's words: session 6's H200 preflight failed it with no
+# compiler output at all, as when that compiler does not exist. Name one that does (the preflight's record
+# has the probe's commands and the compiler's own error text if it still fails); with g++ alone, `g++ -x c`
+# (and `-x none` before the link's object file).
+PYCC=$("$PY" -c 'import sysconfig; print((sysconfig.get_config_var("CC") or "cc").split()[0])' 2>/dev/null)
+if [ -z "${CC:-}" ] && ! command -v "${PYCC:-cc}" >/dev/null 2>&1; then
+  for c in gcc cc clang; do command -v "$c" >/dev/null 2>&1 && { export CC=$c; break; }; done
+  if [ -z "${CC:-}" ] && command -v g++ >/dev/null 2>&1; then export CC="g++ -x c" LDFLAGS="-x none $LDFLAGS"; fi
+fi
+say "C compiler: Python's ${PYCC:-?} ($(command -v "${PYCC:-cc}" || echo absent)); CC=${CC:-unset}"
+
+# Weights: the first system to build the configuration's model saves it, every later one (of this lane and of
+# later lanes on this machine) maps it (workload.build_model; bitwise the same model without its ~30 s init).
+# On the disk, at most 2 shapes (28 GB); the spill lane needs that disk, so it removes them and caches in
+# /dev/shm when there is room there (else builds each time).
+WEIGHTS=/var/tmp/peers-weights
+if [ "${NVME:-0}" = 1 ]; then
+  rm -rf "$WEIGHTS"
+  SHM_KB=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)
+  if [ "${SHM_KB:-0}" -gt $((24 << 20)) ]; then WEIGHTS=/dev/shm/peers-weights; else WEIGHTS=""; fi
+fi
+export PEERS_WEIGHTS_DIR=${PEERS_WEIGHTS_DIR-$WEIGHTS}
+say "weights cache: ${PEERS_WEIGHTS_DIR:-none} ($(du -sh "${PEERS_WEIGHTS_DIR:-/nonexistent}" 2>/dev/null | cut -f1))"
+
 # 3. DeepSpeed preflight: versions, toolchain, cpu_adam and async_io built and used once; its record says
 #    what worked or the exact failure, and the harness gives a DeepSpeed row that failure as its reason.
 timeout --kill-after=5 $((PREFLIGHT_S + 10)) "$PY" benchmarks/offload/peers/ds_preflight.py --out "$DEST" \
@@ -86,6 +112,7 @@ T=$(left); [ "$T" -lt 30 ] && T=30
 timeout --kill-after=5 "$T" "$PY" benchmarks/offload/peers/harness.py --preset "$PRESET" \
   ${SYSTEMS:+--systems $SYSTEMS} --timeout "$PER_RUN" --budget $((T - 10)) --tag "$TAG" --out "$DEST" "${EXTRA[@]}"
 say "harness exit $?"
+[ "$PEERS_WEIGHTS_DIR" = /dev/shm/peers-weights ] && rm -rf "$PEERS_WEIGHTS_DIR"  # give the memory back
 cat "$DEST"/offload_peers_*summary.md 2>/dev/null
 "$PY" - "$DEST" <<'PY' || true
 import json, pathlib, sys

@@ -9,6 +9,8 @@ from carina.core.bench import Figure, make_record, results_dir, write_record
 
 LOSS_RTOL_GPU = 2.0**-8  # bf16's unit roundoff: every step's loss within it of plain PyTorch's
 LOSS_RTOL_CPU = 1e-4  # fp32 on the CPU: same math, different kernels and orders
+REFERENCE_PLAIN = "plain PyTorch uncapped (the ideal's run)"
+REFERENCE_CHECKPOINTED = "plain PyTorch uncapped with activation checkpointing (plain's activations did not fit)"
 
 
 def loss_check(result: dict[str, Any], reference: dict[str, Any] | None, *, gpu: bool, source: str) -> dict[str, Any]:
@@ -35,6 +37,7 @@ def loss_check(result: dict[str, Any], reference: dict[str, Any] | None, *, gpu:
         "last_abs_diff": diffs[-1],
         "drift": max(abs((x - a[0]) - (y - b[0])) for x, y in zip(a[:n], b[:n], strict=True)),
         "reference_descent": b[0] - b[n - 1],
+        "reference_losses": b[:n],
     }
 
 
@@ -51,7 +54,12 @@ def _reference(row: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
     plain = row["results"].get("plain")
     if plain is not None and plain.get("status") == "ok":
         return plain, "plain PyTorch at this configuration"
-    return row.get("reference"), "plain PyTorch uncapped (the ideal's run)"
+    return row.get("reference"), row.get("reference_how") or REFERENCE_PLAIN
+
+
+def _on_gpu(result: dict[str, Any]) -> bool:
+    """Whether ``result`` trained on a GPU (bf16 there: the bf16 tolerance), from its own record."""
+    return result.get("peak_gpu_bytes") is not None
 
 
 def _config_name(row: dict[str, Any]) -> str:
@@ -91,11 +99,11 @@ def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -
                         peers=peers,
                     )
                 )
-            gpu = (result.get("spec") or {}).get("device", "auto") != "cpu" and "h2d_gbps" in calib
-            check = loss_check(result, reference, gpu=gpu, source=source) if system != "plain" else {}
+            check = loss_check(result, reference, gpu=_on_gpu(result), source=source) if system != "plain" else {}
             metrics = {
                 "status": result["status"],
                 "reason": result.get("reason", ""),
+                "earlier_record": result.get("earlier_record"),  # a row not run again (earlier.py)
                 "stderr_tail": result.get("stderr_tail", []),
                 "losses": result.get("losses", []),
                 "step_s": result.get("step_s", []),
@@ -116,7 +124,8 @@ def records(rows: list[dict[str, Any]], calib: dict[str, float], command: str) -
                 make_record(
                     name=f"offload_peers_{_config_name(row)}_{system}",
                     figures=figures,
-                    config=row["base"] | {"system": system},
+                    # the system's own cap (a preset's system_budget may differ from the configuration's)
+                    config=row["base"] | {"system": system, "gpu_budget_gib": result["spec"]["gpu_budget_gib"]},
                     metrics=metrics,
                     command=command,
                 )
@@ -186,8 +195,7 @@ def _loss_mark(result: dict[str, Any], row: dict[str, Any]) -> str:
     if result["spec"]["system"] == "plain":
         return ""
     reference, source = _reference(row)
-    gpu = result["spec"].get("device", "auto") != "cpu" and result.get("peak_gpu_bytes") is not None
-    check = loss_check(result, reference, gpu=gpu, source=source)
+    check = loss_check(result, reference, gpu=_on_gpu(result), source=source)
     if check["within"] is None:
         return ""
     return " (loss ok)" if check["within"] else f" (loss off by {check['max_abs_diff']:.3g})"

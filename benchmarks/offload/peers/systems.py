@@ -44,17 +44,28 @@ def _hf_step(model: Any, optimizer: Any, device: str) -> Callable[[tuple[Any, ..
     return step
 
 
-def run_plain(spec: RunSpec) -> RunResult:
+def run_plain(spec: RunSpec, *, checkpointing: bool = False) -> RunResult:
     """Plain PyTorch: everything on the device (the unlimited-memory ideal when it fits)."""
     import torch
 
     device = resolve_device(spec.device)
     cap_gpu(spec, device)
-    model = build_model(spec, device=device)
+    model = build_model(spec, device=device, checkpointing=checkpointing)
     opt = torch.optim.AdamW(model.parameters(), **OPTIM, fused=device.startswith("cuda"))
     result = timed_loop(spec, _hf_step(model, opt, device), device)
     result.settings = {"optimizer": "torch.optim.AdamW (fused on CUDA)", "compute": "bf16 autocast on CUDA"}
+    if checkpointing:
+        result.settings["activation_checkpointing"] = "HF gradient_checkpointing_enable()"
     return result
+
+
+def run_plain_checkpointed(spec: RunSpec) -> RunResult:
+    """Plain PyTorch with HF activation checkpointing: the loss reference where plain's activations do not fit.
+
+    The same math (the forward is recomputed in backward), so the same losses within bf16 rounding;
+    never the ideal (the recompute costs time).
+    """
+    return run_plain(spec, checkpointing=True)
 
 
 def run_carina(spec: RunSpec) -> RunResult:
@@ -167,9 +178,6 @@ def run_torchao_cpu_offload(spec: RunSpec, *, offload_gradients: bool = False) -
     """torchao's CPUOffloadOptimizer: weights on the GPU, AdamW states and step on the CPU."""
     import torch
 
-    if offload_gradients and spec.micro_batches > 1:  # torchao's docstring of offload_gradients says so
-        why = "offload_gradients is not compatible with gradient accumulation (torchao's CPUOffloadOptimizer docs)"
-        return RunResult(spec=spec, status="unavailable", reason=why)
     device = resolve_device(spec.device)
     if not device.startswith("cuda"):
         return RunResult(spec=spec, status="unavailable", reason="CPUOffloadOptimizer needs a CUDA device")
@@ -214,6 +222,7 @@ def run_deepspeed_zero_infinity(spec: RunSpec) -> RunResult:
 
 SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
     "plain": run_plain,
+    "plain_checkpointed": run_plain_checkpointed,
     "carina": run_carina,
     "deepspeed_zero3_offload": run_deepspeed_zero3_offload,
     "deepspeed_zero_infinity": run_deepspeed_zero_infinity,
@@ -225,6 +234,7 @@ SYSTEMS: dict[str, Callable[[RunSpec], RunResult]] = {
 
 _ON_GPU = {  # bytes per parameter a system keeps on the GPU, and what they are
     "plain": (16, "fp32 weights, gradients and both AdamW states"),
+    "plain_checkpointed": (16, "fp32 weights, gradients and both AdamW states"),
     "torchao_cpu_offload": (8, "fp32 weights and gradients"),
     "torchao_cpu_offload_grads": (4, "fp32 weights"),
 }
@@ -258,6 +268,7 @@ ACCUMULATION = {  # how each system accumulates gradients over a step's micro-ba
     "torchao_cpu_offload_grads": "none: offload_gradients frees GPU gradients, which accumulation needs",
 }
 ACCUMULATION["deepspeed_zero_infinity"] = ACCUMULATION["deepspeed_zero3_offload"]
+ACCUMULATION["plain_checkpointed"] = ACCUMULATION["plain"]
 
 
 def _host_budget_reason(spec: RunSpec) -> str | None:
@@ -273,6 +284,16 @@ def _host_budget_reason(spec: RunSpec) -> str | None:
         f"no NVMe tier: at least 16 B x {n_params(spec) / 1e9:.3g}B parameters = {format_bytes(need)} of host "
         f"memory ({_HOST_NEED[spec.system]}), over the {spec.host_budget_gib:g} GiB host budget"
     )
+
+
+def static_reason(spec: RunSpec) -> str | None:
+    """Why ``spec``'s system cannot run its configuration, known without running it (None: it may run).
+
+    The harness writes these rows without starting a process; ``run`` gives the same reasons.
+    """
+    if spec.system == "torchao_cpu_offload_grads" and spec.micro_batches > 1:  # torchao's docstring says so
+        return "offload_gradients is not compatible with gradient accumulation (torchao's CPUOffloadOptimizer docs)"
+    return _host_budget_reason(spec)
 
 
 def _nvme_room(path: str | None) -> int:
@@ -315,7 +336,7 @@ def run(spec: RunSpec) -> RunResult:
 
     free_before = shutil.disk_usage(spec.nvme_path).free if spec.nvme_path else None
     try:
-        reason = _host_budget_reason(spec)
+        reason = static_reason(spec)
         result = RunResult(spec=spec, status="unavailable", reason=reason) if reason else SYSTEMS[spec.system](spec)
     except ImportError as exc:
         result = RunResult(spec=spec, status="unavailable", reason=f"not installed: {exc.name or exc}")
@@ -327,6 +348,28 @@ def run(spec: RunSpec) -> RunResult:
         last = traceback.format_exc().strip().splitlines()[-1]
         result = RunResult(spec=spec, status="failed", reason=f"{type(exc).__name__}: {last[:300]}")
     result.versions["torch"] = torch.__version__
+    return _annotate(result, free_before)
+
+
+def static_result(spec: RunSpec) -> RunResult | None:
+    """``run(spec)``'s result where ``static_reason`` knows it without running (None: run it).
+
+    For the harness, which writes these rows without starting a process.
+    """
+    import shutil
+
+    reason = static_reason(spec)
+    if reason is None:
+        return None
+    free_before = shutil.disk_usage(spec.nvme_path).free if spec.nvme_path else None
+    result = RunResult(spec=spec, status="unavailable", reason=reason)
+    result.versions["torch"] = _version("torch")
+    return _annotate(result, free_before)
+
+
+def _annotate(result: RunResult, free_before: int | None) -> RunResult:
+    """What every result carries, whether it ran or not: versions, the split, the host budget, the disk."""
+    spec = result.spec
     result.versions["transformers"] = _version("transformers")
     result.settings["gradient_accumulation"] = split(spec) | {"how": ACCUMULATION[spec.system]}
     if spec.host_budget_gib is not None:

@@ -8,9 +8,11 @@ and reports the same metrics.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 SHAPES: dict[str, dict[str, int]] = {
@@ -122,20 +124,98 @@ def n_params(spec: RunSpec) -> int:
     return layers * (4 * h * h + 3 * h * inter + 2 * h) + 2 * vocab * h + h
 
 
-def build_model(spec: RunSpec, *, device: str | None = "cpu", checkpointing: bool = False) -> Any:
-    """The Llama model of ``spec``, seeded, random init, fp32, on ``device`` (None: the caller's context)."""
-    import contextlib
+def build_model(spec: RunSpec, *, device: str = "cpu", checkpointing: bool = False) -> Any:
+    """The Llama model of ``spec``: seeded random init on the CPU, fp32, then moved to ``device``.
+
+    Every system's weights come from the CPU generator, whatever device it trains on (a model built
+    under ``torch.device("cuda")`` draws from CUDA's generator: other weights, which no loss check
+    could compare). With ``PEERS_WEIGHTS_DIR`` set, the first build saves every parameter and buffer
+    there and later builds of the same shape load them (bitwise the same model, without the init).
+    """
+    import torch
+    from transformers import LlamaForCausalLM
+
+    cache = _weights_file(spec)
+    if cache is not None and cache.exists():
+        model = _load_model(spec, cache)
+    else:
+        torch.manual_seed(spec.seed)
+        with torch.device("cpu"):
+            model = LlamaForCausalLM(llama_config(spec))
+        if cache is not None:
+            _save_model(model, cache)
+    if checkpointing:  # per-layer activation checkpointing, as the peers' docs recommend under a memory cap
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    return model.to(device) if device != "cpu" else model
+
+
+def _weights_file(spec: RunSpec) -> Path | None:
+    """Where the weights of ``spec``'s model are cached (None: no cache). The name holds all that shapes them."""
+    root = os.environ.get("PEERS_WEIGHTS_DIR")
+    if not root:
+        return None
+    layers = spec.layers or SHAPES[spec.shape]["num_hidden_layers"]
+    pos = max(spec.seq_len, 128)  # max_position_embeddings: the rotary buffers
+    return Path(root) / f"{spec.shape}_{layers}l_v{spec.vocab}_pos{pos}_seed{spec.seed}"
+
+
+def _save_model(model: Any, path: Path) -> None:
+    """Every tensor as a raw file of its own and a manifest (name -> file, dtype, shape), written atomically."""
+    import shutil
+
+    import torch
+
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True)
+    manifest = {}
+    for i, (name, tensor) in enumerate(_tensors(model).items()):
+        t = tensor.detach().contiguous()
+        t.view(-1).view(torch.uint8).numpy().tofile(tmp / f"{i}.bin")  # the raw bytes, whatever the dtype
+        manifest[name] = {"file": f"{i}.bin", "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    try:
+        tmp.rename(path)  # a reader never sees a half-written cache
+    except OSError:  # another process saved it first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_model(spec: RunSpec, path: Path) -> Any:
+    """The model built without init (meta), every parameter and buffer mapped from ``path``.
+
+    Each tensor is a copy-on-write mapping of its own file, given back when the tensor is freed, so the
+    process's resident memory grows and shrinks as with the built model.
+    """
+    import math
 
     import torch
     from transformers import LlamaForCausalLM
 
-    torch.manual_seed(spec.seed)
-    with torch.device(device) if device else contextlib.nullcontext():
+    from carina.core.errors import ConfigError
+
+    with torch.device("meta"):
         model = LlamaForCausalLM(llama_config(spec))
-    if checkpointing:  # per-layer activation checkpointing, as the peers' docs recommend under a memory cap
-        model.gradient_checkpointing_enable()
-    model.config.use_cache = False
+    manifest = json.loads((path / "manifest.json").read_text())
+    current = _tensors(model)
+    if set(current) != set(manifest):
+        odd = sorted(set(manifest) ^ set(current))[:5]
+        raise ConfigError(f"{path} holds other tensors than the {spec.shape} model: {odd}", key="path")
+    for name, entry in manifest.items():
+        dtype, shape = getattr(torch, entry["dtype"]), entry["shape"]
+        tensor = torch.from_file(str(path / entry["file"]), shared=False, size=math.prod(shape), dtype=dtype)
+        tensor = tensor.view(shape)
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if attr in module._parameters:
+            module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=current[name].requires_grad)
+        else:
+            module._buffers[attr] = tensor
     return model
+
+
+def _tensors(model: Any) -> dict[str, Any]:
+    """Every parameter and buffer (non-persistent ones too: the rotary frequencies) by name."""
+    return dict(model.named_parameters()) | dict(model.named_buffers())
 
 
 def batches(spec: RunSpec) -> list[tuple[Any, ...]]:
