@@ -16,13 +16,13 @@ from carina.offload.runtime import OffloadRuntime
 from carina.offload.simulator import BlockProfile, Hardware, ModelProfile, resident_bytes
 
 TOKENS = 2 * 32  # token_batches: 2 sequences of 32 tokens per micro-batch
-LAYERS, H, I, KV, V = 4, 64, 128, 32, 256  # tiny_llama's shape (kv width = 64 // 4 heads * 2 kv heads)
+LAYERS, H, MLP, KV, V = 4, 64, 128, 32, 256  # tiny_llama's shape (kv width = 64 // 4 heads * 2 kv heads)
 
 
 def _need(item: int = 4) -> int:
     """The resident plan's device bytes for tiny_llama at TOKENS tokens, from the shape by hand."""
     numel = sum(p.numel() for p in tiny_llama().parameters())
-    block_act = TOKENS * (item * (6 * H + 2 * KV + 4 * I) + 8 * H)
+    block_act = TOKENS * (item * (6 * H + 2 * KV + 4 * MLP) + 8 * H)
     other_act = TOKENS * V * 4 + TOKENS * H * item  # saved float32 log-softmax, the head's input
     workspace = 3 * 4 * TOKENS * V  # the head's transient float32 copies of the logits
     weights = numel * item + numel * item + 8 * numel  # parameters, gradients, AdamW m and v

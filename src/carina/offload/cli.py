@@ -82,12 +82,7 @@ def plan(
             )
         except ValueError as exc:
             raise ConfigError(str(exc), key="budget") from None
-        if micro_batches < 1:
-            raise ConfigError("micro_batches must be >= 1", key="micro_batches")
-        if activations not in ("plan", "keep", "swap", "recompute"):
-            raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
-        if resident not in ("auto", "on", "off"):
-            raise ConfigError(f"resident must be auto, on or off, got {resident!r}", key="resident")
+        _check_choices(micro_batches, activations, resident)
         cfg = model_config(model, **({"num_hidden_layers": layers} if layers else {}))
         hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9,
                      cast=cast_gelems * 1e9, fold=fold_gelems * 1e9)  # fmt: skip
@@ -146,6 +141,17 @@ def plan(
              "disk": t.disk}  # fmt: skip
     print_table([{"resource": k, "seconds": f"{v:.3f}"} for k, v in parts.items()], columns=["resource", "seconds"],
                 title=f"predicted step {t.predicted:.3f} s, bottleneck {t.bottleneck}")  # fmt: skip
+
+
+def _check_choices(micro_batches: int, activations: str, resident: str) -> None:
+    from carina.core.errors import ConfigError
+
+    if micro_batches < 1:
+        raise ConfigError("micro_batches must be >= 1", key="micro_batches")
+    if activations not in ("plan", "keep", "swap", "recompute"):
+        raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
+    if resident not in ("auto", "on", "off"):
+        raise ConfigError(f"resident must be auto, on or off, got {resident!r}", key="resident")
 
 
 @app.command()
