@@ -190,3 +190,26 @@ def test_offload_plan_cli_prints_the_resident_mode():
     res = runner.invoke(app, ["offload", "plan", "--model", "tiny", "--tokens", "64", "--seq-len", "32",
                               "--device-budget", "1GB", "--resident", "off", "--json"])  # fmt: skip
     assert json.loads(res.stdout)["mode"] == "offload"
+
+
+def test_carina_ckpt_saves_and_restores_a_resident_run(tmp_path):
+    from carina.ckpt import Checkpointer, WriterKind
+    from carina.ckpt import Config as CkptConfig
+
+    ref, _ = _plain(6)
+    model, opt = _wrapped(_cfg())
+    first = train_losses(model, opt, 3)
+    with Checkpointer(CkptConfig(dir=str(tmp_path), writer=WriterKind.SYNC)) as ckpt:
+        ckpt.save(3, {"model": model, "optim": opt})
+        ckpt.wait()
+    model2, opt2 = _wrapped(_cfg())
+    with Checkpointer(CkptConfig(dir=str(tmp_path), writer=WriterKind.SYNC)) as ckpt:
+        assert ckpt.restore({"model": model2, "optim": opt2}) == 3
+    rest = []
+    for ids in token_batches(6)[3:]:
+        loss = model2(input_ids=ids, labels=ids).loss
+        loss.backward()
+        rest.append(loss.item())
+        opt2.step()
+        opt2.zero_grad()
+    assert first + rest == ref
