@@ -148,10 +148,10 @@ class HostBuffers:
     """
 
     def __init__(self, store: TensorStore, sizes: list[int]) -> None:
-        from carina.offload.hostmem import PinnedSlabs, slab_size
+        from carina.offload.hostmem import PinnedSlabs, slab_plan, slab_size
 
         self.store = store
-        self.slabs = PinnedSlabs(store, slab_size(sizes)) if store.pinned else None
+        self.slabs = PinnedSlabs(store, slab_size(sizes), plan=slab_plan(sizes)) if store.pinned else None
 
     @property
     def pinned_bytes(self) -> int:
