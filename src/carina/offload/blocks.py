@@ -103,6 +103,7 @@ class ParamGroup:
     direct: bool = False  # this backward's gradients go to the host gradient as float32 (folded on the device)
     grad_mode: str = "host"  # this backward: "host" (staging), "acc" (add on device) or "ship" (add, send sum)
     act_bytes: int = 0
+    swap_host_bytes: int = 0  # pinned host bytes its swapped activations took while profiling (0: not pinned)
     fwd_s: float = 0.0
 
     @property
@@ -157,6 +158,11 @@ class HostBuffers:
     def pinned_bytes(self) -> int:
         """Pinned bytes the slabs hold."""
         return self.slabs.reserved if self.slabs is not None else 0
+
+    @property
+    def slack_bytes(self) -> int:
+        """Pinned bytes of the slabs that no buffer uses (their tails): host RAM beside the ledger's."""
+        return self.slabs.reserved - self.slabs.carved if self.slabs is not None else 0
 
     def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
         """An uninitialised host tensor charged to the host tier."""

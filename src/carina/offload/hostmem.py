@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from carina.memory.store import TensorStore
 
-__all__ = ["MAX_SLAB", "PinnedSlabs", "slab_plan", "slab_size"]
+__all__ = ["MAX_SLAB", "PinnedSlabs", "pinned_cache_bytes", "slab_plan", "slab_size"]
 
 _ALIGN = 4096
 _MAX_SLAB = 1 << 31  # the slab for buffers added after the plan (a plan's host copies, staging)
@@ -48,6 +48,11 @@ def slab_size(sizes: list[int]) -> int:
     """A power-of-two slab for buffers of ``sizes`` bytes: room for the largest, at most 2 GiB otherwise."""
     largest = max(sizes, default=0) + _ALIGN
     return max(_pow2(largest), min(_MAX_SLAB, _pow2(sum(sizes) // 8 + _ALIGN)))
+
+
+def pinned_cache_bytes(nbytes: int) -> int:
+    """Host bytes PyTorch's pinned allocator takes for a request of ``nbytes`` (the next power of two)."""
+    return _pow2(nbytes)
 
 
 def _round(n: int) -> int:
@@ -114,6 +119,7 @@ class PinnedSlabs:
         self.pin = pin
         self.plan = list(plan or [])
         self.arenas: list[HostArena] = []
+        self.carved = 0  # bytes handed out (the ledger's)
 
     @property
     def reserved(self) -> int:
@@ -129,6 +135,7 @@ class PinnedSlabs:
             numel *= d
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         self.store.charge(Tier.HOST, nbytes, what)
+        self.carved += nbytes
         for arena in self.arenas:
             try:
                 return arena.alloc(shape, dtype)

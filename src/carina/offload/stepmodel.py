@@ -54,6 +54,7 @@ class BlockProfile:
     numel: int
     act_bytes: int
     fwd_s: float
+    swap_host_bytes: int = 0  # host bytes its swapped activations pin (PyTorch's pinned cache rounds up; 0: act_bytes)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class ModelProfile:
     bwd_over_fwd: float = 2.0
     head_workspace_bytes: int = 0
     micro_batches: int = 1  # backward passes per optimizer step (gradient accumulation)
+    host_fixed_bytes: int = 0  # host bytes beside the per-parameter buffers: the pinned slabs' unused tails
 
     @property
     def numel(self) -> int:
@@ -151,7 +153,7 @@ class SimEvent:
 def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, int]:
     """Host and NVMe bytes a plan needs (masters, gradients, staging, copies, states, swapped activations)."""
     per_param = 4 + 4 + prof.staging_bytes_per_param  # master, gradient, staging
-    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param
+    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param + prof.host_fixed_bytes
     if not prof.rest_cast_on_device:
         host += prof.resident_numel * prof.copy_bytes_per_param
     nvme = staged = 0
@@ -165,7 +167,7 @@ def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, 
         else:
             host += state
         if p.activation is Action.SWAP:
-            host += b.act_bytes
+            host += b.swap_host_bytes or b.act_bytes
     return host + staged, nvme
 
 
