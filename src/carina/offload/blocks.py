@@ -33,6 +33,7 @@ __all__ = [
     "ParamGroup",
     "build_groups",
     "find_blocks",
+    "host_buffer_sizes",
     "partition",
     "release_device",
     "restore_device",
@@ -196,14 +197,7 @@ def build_groups(
     (:mod:`carina.offload.hostmem`). Returns the groups and their host allocator.
     """
     layout = layout or HostLayout()
-    sizes = []
-    for _, _, params in named:
-        numel = sum(p.numel() for p in params)
-        item = torch.empty((), dtype=compute_dtype or (params[0].dtype if params else torch.float32)).element_size()
-        sizes += [4 * numel, 4 * numel]
-        sizes += [item * numel] if layout.staging else []
-        sizes += [item * numel] if item != 4 and layout.host_copy else []
-    host = HostBuffers(store, sizes)
+    host = HostBuffers(store, host_buffer_sizes(named, compute_dtype, layout))
     groups = []
     for i, (name, mod, params) in enumerate(named):
         group = _build(i, name, mod, params, store=store, compute_dtype=compute_dtype, host=host, layout=layout)
@@ -213,6 +207,20 @@ def build_groups(
             group.resident = True
         groups.append(group)
     return groups, host
+
+
+def host_buffer_sizes(
+    named: list[tuple[str, nn.Module | None, list[nn.Parameter]]], compute_dtype: torch.dtype | None, layout: HostLayout
+) -> list[int]:
+    """Bytes of every host buffer :func:`build_groups` makes, in the order it makes them."""
+    sizes = []
+    for _, _, params in named:
+        numel = sum(p.numel() for p in params)
+        item = torch.empty((), dtype=compute_dtype or (params[0].dtype if params else torch.float32)).element_size()
+        sizes += [4 * numel, 4 * numel]
+        sizes += [item * numel] if layout.staging else []
+        sizes += [item * numel] if item != 4 and layout.host_copy else []
+    return sizes
 
 
 def release_device(group: ParamGroup, store: TensorStore) -> None:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from carina.memory.store import TensorStore
 
-__all__ = ["MAX_SLAB", "PinnedSlabs", "pinned_cache_bytes", "slab_plan", "slab_size"]
+__all__ = ["MAX_SLAB", "PinnedSlabs", "first_fit", "pinned_cache_bytes", "slab_plan", "slab_size"]
 
 _ALIGN = 4096
 _MAX_SLAB = 1 << 31  # the slab for buffers added after the plan (a plan's host copies, staging)
@@ -59,7 +59,7 @@ def _round(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _first_fit(sizes: list[int], slab: int) -> list[list[int]]:
+def first_fit(sizes: list[int], slab: int) -> list[list[int]]:
     """The buffers each slab of ``slab`` bytes gets under first-fit (a buffer larger than a slab: its own)."""
     room = slab - _ALIGN  # a slab's usable bytes (HostArena keeps one alignment unit for its start)
     fills: list[list[int]] = []
@@ -93,7 +93,7 @@ def slab_plan(sizes: list[int]) -> list[int]:
     best: list[int] | None = None
     slab = _pow2(max(sizes) + _ALIGN)
     while slab <= max(MAX_SLAB, _pow2(max(sizes) + _ALIGN)):
-        fills = _first_fit(sizes, slab)
+        fills = first_fit(sizes, slab)
         plan = [slab] * (len(fills) - 1) + [min(slab, _tail(fills[-1]))]
         plan = [max(s, _pow2(max(f) + _ALIGN)) for s, f in zip(plan, fills, strict=True)]  # oversized buffers
         if best is None or sum(plan) < sum(best):
