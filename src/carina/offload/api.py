@@ -4,7 +4,9 @@ After wrapping, the user's loop keeps its shape (forward, ``loss.backward()``,
 ``optimizer.step()``, ``optimizer.zero_grad()``, LR schedulers). Parameters
 live as float32 masters in host RAM and stream to the device block by block;
 ``model.state_dict()`` returns the masters, ``model.load_state_dict()`` writes
-them, and the returned optimizer's ``state_dict()`` round-trips too.
+them, and the returned optimizer's ``state_dict()`` round-trips too. A model whose whole
+training state fits the device (``Config(micro_batch_tokens=...)`` sizes its activations) is not
+offloaded at all: it trains on the device as plain PyTorch would (:mod:`carina.offload.resident`).
 """
 
 from __future__ import annotations
