@@ -11,7 +11,9 @@ in ``--work`` into records (carina.core.bench) in ``--out``. Phases:
 * ``carina``: carina.offload under the GPU cap (``set_per_process_memory_fraction``).
 * ``fsdp2``: FSDP2 ``fully_shard`` + ``CPUOffloadPolicy`` (world size 1, HF checkpointing,
   fused CPU AdamW) under the same cap.
-* ``notax``: the 3B shape with no budget: plain PyTorch vs carina, same micro-batches.
+* ``notax``: the 3B shape with no budget: plain PyTorch vs carina, same micro-batches. carina is
+  told the micro-batch (``micro_batch_tokens``) and plans the resident mode when everything fits
+  (``carina.offload.resident``: the model and its optimizer on the GPU, nothing offloaded).
 * ``spill``: carina with a host budget ``--spill-blocks`` blocks' optimizer state short of
   what the plan needs, so that state spills to the NVMe tier in ``--nvme-path``; the tier's
   write and read rates are measured first, through the same carina.io path, and given to the
@@ -227,6 +229,8 @@ def phase_carina(args: argparse.Namespace) -> None:
         param_cast=args.param_cast,
         step_barrier=args.step_barrier,
         step_timing=True,  # the step's split into compute, waits and the optimizer (carina.offload.timing)
+        resident=args.resident,
+        micro_batch_tokens=args.micro * args.seq,
         **getattr(args, "nvme", {}),
     )
     t0 = time.perf_counter()
@@ -283,7 +287,8 @@ def phase_carina(args: argparse.Namespace) -> None:
         "step_split": summarize(splits),
         "step_splits": splits,
     }
-    if args.prefix != "spill_":  # (re-stepping spilled blocks alone would add their disk traffic twice more)
+    offloaded = handle.plan is not None and handle.plan.mode.value == "offload"  # (resident: no CPU optimizer)
+    if args.prefix != "spill_" and offloaded:  # (re-stepping spilled blocks would add their disk traffic twice)
         out["optim_rates"] = optim_rates(handle, splits)
     out.update(getattr(args, "extra", {}))
     handle.close()
@@ -402,7 +407,7 @@ def phase_notax(args: argparse.Namespace) -> None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
     save(args, f"notax_plain_{args.tokens}", plain)
-    args.cap, args.prefix = None, "notax_"
+    args.cap, args.prefix, args.resident = None, "notax_", "auto"
     phase_carina(args)
 
 
@@ -493,6 +498,7 @@ def main() -> None:
     ap.add_argument("--grad-fold", default="auto", help="carina's grad_fold (auto, host, device)")
     ap.add_argument("--param-cast", default="auto", help="carina's param_cast (auto, host, device)")
     ap.add_argument("--step-barrier", action="store_true", help="carina's step_barrier (default here: off)")
+    ap.add_argument("--resident", default="auto", help="carina's resident mode (auto, on, off; notax: auto)")
     ap.add_argument("--cpu-dtype", default="float32", help="carina's compute dtype with --device cpu")
     ap.add_argument("--spill-blocks", type=int, default=2, help="spill: blocks' optimizer state short of host RAM")
     ap.add_argument("--nvme-path", default="/tmp/carina_nvme", help="spill: the NVMe tier's directory")

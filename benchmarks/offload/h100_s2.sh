@@ -56,7 +56,8 @@ want() { [[ " $PHASES " == *" $1 "* ]]; }
 START=$(date +%s)
 
 if [ "${DEVICE:-cuda}" = cpu ]; then   # tiny sizes: proves every phase and the report
-  COMMON="--device cpu --model tiny --layers 4 --truncate 2,4 --seq 64 --micro 2 --cap 0 --host-budget 0 --adam-probe 1048576 --tag tiny"
+  # no cap here: --resident off keeps the carina phases offloading (the notax phase plans resident mode itself)
+  COMMON="--device cpu --model tiny --layers 4 --truncate 2,4 --seq 64 --micro 2 --cap 0 --host-budget 0 --adam-probe 1048576 --tag tiny --resident off"
   T8=256; T32=1024; T128=4096; M128=16; NOTAX="--model tiny --layers 4"
   export OMP_NUM_THREADS=1   # a shared CPU box: one intra-op thread keeps timings sane
   CAPS=(60 90 90 60 90 60 60 90); NOTAX_MIN=30; KMODEL=tiny; SPILL_TAG=tiny; DISK_PROBE=$((64 << 20))
@@ -84,7 +85,7 @@ step() {  # step NAME CAP MIN cmd...
 }
 REPORT_TOKENS=$( { want carina_8k && echo $T8; want carina_32k && echo $T32; want carina_128k && echo $T128; } | paste -sd, )
 report() {  # report SECONDS
-  [ -n "$REPORT_TOKENS" ] || want spill_8k || return 0
+  [ -n "$REPORT_TOKENS" ] || want spill_8k || want notax_3b || return 0
   timeout -k 2 "$1" $B report --work "$WORK" --out "$DIR" $COMMON --report-tokens "$REPORT_TOKENS" --tokens $T8 \
     --spill-tag "$SPILL_TAG" >>"$LOG" 2>&1 \
     || echo "== report failed (rc=$?)" | tee -a "$LOG"

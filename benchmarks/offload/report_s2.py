@@ -230,6 +230,7 @@ def notax_record(args: Any, work: Path, tokens: int) -> str:
     micro = run["tokens"] // (run["accum"] * args.seq)
     cfg = {**_config(args, tokens, run), "model": model, "layers": run["layers"], "micro_batch_sequences": micro}
     cfg.update(gpu_cap_gib=None, carina_device_budget="none (the whole GPU)")
+    cfg["carina_plan_mode"] = (run.get("plan") or {}).get("mode", "offload")  # resident: nothing offloaded
     metrics = {"carina": run, "plain": plain, "host_memory": _host(run)}
     write_record(_record(args, name=name, figures=[fig], config=cfg, metrics=metrics, notes=_NOTES),
                  directory=Path(args.out))  # fmt: skip

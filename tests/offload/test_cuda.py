@@ -92,3 +92,49 @@ def test_cuda_fold_and_cast_on_the_device_match_the_host_path_bitwise(monkeypatc
     moved_ref, moved_got = h_ref.stats().moved, h_got.stats().moved
     assert moved_got["device->host"] > moved_ref["device->host"]  # float32 gradients cross, not bf16
     assert moved_got["host->device"] > moved_ref["host->device"]  # float32 masters cross, not bf16
+
+
+def test_cuda_resident_mode_is_plain_gpu_training():
+    # everything fits the GPU: the model and the user's (fused) AdamW on the device, no hooks, no pinned slabs
+    from carina.offload.planner import PlanMode
+    from carina.offload.resident import ResidentRuntime
+
+    ref_model = tiny_llama().cuda()
+    ref_opt = torch.optim.AdamW(ref_model.parameters(), lr=1e-3, fused=True)
+    ref = train_losses(ref_model, ref_opt, 6, accum=2, device="cuda")
+
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    model, opt = co.wrap(model, co.Config(device="cuda", micro_batch_tokens=64, grad_accumulation=2), optimizer=opt)
+    handle = co.handle_of(model)
+    assert handle.plan.mode is PlanMode.RESIDENT and isinstance(handle.runtime, ResidentRuntime)
+    got = train_losses(model, opt, 6, accum=2, device="cuda")
+    assert all(p.is_cuda for p in model.parameters()) and handle.runtime.pinned_bytes == 0
+    assert opt.inner.defaults["fused"] is True
+    assert all(t.is_cuda for s in opt.state.values() for k, t in s.items() if k != "step")
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-5, atol=1e-5)
+    state = model.state_dict()
+    for name, value in ref_model.state_dict().items():
+        torch.testing.assert_close(state[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_cuda_bf16_resident_tracks_offloaded_bf16_training():
+    # same semantics either way: bf16 parameters cast from float32 masters, float32 gradient sums, clipping
+    from carina.offload.resident import ResidentRuntime
+
+    runs = []
+    for extra in ({"micro_batch_tokens": 64}, {"resident": "off", "device_budget": 1_600_000}):
+        model = tiny_llama()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+        cfg = co.Config(device="cuda", compute_dtype="bfloat16", grad_accumulation=2, max_grad_norm=0.5, **extra)
+        model, opt = co.wrap(model, cfg, optimizer=opt)
+        runs.append((train_losses(model, opt, 5, accum=2, device="cuda"), model))
+    (res, res_model), (off, off_model) = runs
+    assert isinstance(co.handle_of(res_model).runtime, ResidentRuntime)
+    assert next(res_model.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(torch.tensor(res), torch.tensor(off), rtol=2e-3, atol=2e-3)
+    state = res_model.state_dict()
+    for name, value in off_model.state_dict().items():
+        assert state[name].dtype == torch.float32
+        torch.testing.assert_close(state[name].cpu(), value.cpu(), rtol=2e-2, atol=2e-3)

@@ -10,6 +10,10 @@ One verb, then the loop you already have::
         optimizer.step()
         optimizer.zero_grad()
 
+When the whole training state fits the device (``Config(micro_batch_tokens=...)`` sizes the
+activations), nothing is offloaded: the model and the user's optimizer run on the device as plain
+PyTorch would (``carina.offload.resident``).
+
 Heavy modules (torch) are imported on first attribute access.
 """
 
@@ -26,8 +30,10 @@ if TYPE_CHECKING:
         CpuOptimizerImpl,
         OffloadConfig,
         OverlapMode,
+        ResidentMode,
     )
-    from carina.offload.planner import Plan, PlanBudgets, make_plan
+    from carina.offload.planner import Plan, PlanBudgets, PlanMode, make_plan
+    from carina.offload.resident import ResidentOptimizer
     from carina.offload.session import OffloadOptimizer
 
     Config = OffloadConfig
@@ -44,6 +50,9 @@ __all__ = [
     "OverlapMode",
     "Plan",
     "PlanBudgets",
+    "PlanMode",
+    "ResidentMode",
+    "ResidentOptimizer",
     "handle_of",
     "make_plan",
     "wrap",
@@ -62,6 +71,9 @@ _LAZY = {
     "OverlapMode": ("carina.offload.config", "OverlapMode"),
     "Plan": ("carina.offload.planner", "Plan"),
     "PlanBudgets": ("carina.offload.planner", "PlanBudgets"),
+    "PlanMode": ("carina.offload.planner", "PlanMode"),
+    "ResidentMode": ("carina.offload.config", "ResidentMode"),
+    "ResidentOptimizer": ("carina.offload.resident", "ResidentOptimizer"),
     "make_plan": ("carina.offload.planner", "make_plan"),
     "OffloadOptimizer": ("carina.offload.session", "OffloadOptimizer"),
 }

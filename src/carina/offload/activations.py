@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from carina.memory.tiers import Tier
+from carina.offload.hostmem import pinned_cache_bytes
 from carina.offload.simulator import Action
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class _BlockActs:
     seen: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     device_bytes: int = 0
     host_bytes: int = 0
+    pinned_bytes: int = 0  # what the swapped tensors pin (PyTorch's pinned cache rounds each up)
     saved_bytes: int = 0
 
 
@@ -94,6 +96,7 @@ class ActivationManager:
         self._other_seen: dict[tuple[Any, ...], torch.Tensor] = {}
         self.swap_allowance: int | None = None  # host bytes profiling may swap (None: no limit)
         self._measured: dict[tuple[Any, ...], int] = {}  # saved bytes per kind of block, while profiling
+        self._pinned: dict[tuple[Any, ...], int] = {}  # pinned host bytes of its swap, per kind of block
 
     def _twin(self, block: int) -> tuple[Any, ...]:
         group = self.rt.blocks[block]
@@ -115,6 +118,7 @@ class ActivationManager:
         rt.actions[block] = Action.RECOMPUTE
         group = rt.blocks[block]
         group.act_bytes = max(group.act_bytes, seen)
+        group.swap_host_bytes = max(group.swap_host_bytes, self._pinned.get(self._twin(block), 0))
 
     def begin_forward(self) -> None:
         """Start intercepting saved tensors (called when the model's forward starts)."""
@@ -152,6 +156,7 @@ class ActivationManager:
                 host = rt.store.empty(tuple(t.shape), t.dtype, Tier.HOST, f"block {i} activation")
                 packed: Any = _Swap(i, host, rt.mover.to_host(host, t))
             acts.host_bytes += nbytes
+            acts.pinned_bytes += pinned_cache_bytes(nbytes) if rt.store.pinned else 0
             rt.store.note_move(Tier.DEVICE, Tier.HOST, nbytes)
             acts.swaps.append(packed)
         else:
@@ -198,6 +203,7 @@ class ActivationManager:
         if self.rt.profiling and self.rt.in_forward and self.rt.actions[block] is Action.SWAP:
             twin = self._twin(block)
             self._measured[twin] = max(self._measured.get(twin, 0), acts.saved_bytes)
+            self._pinned[twin] = max(self._pinned.get(twin, 0), acts.pinned_bytes)
 
     def prefetch(self, block: int) -> None:
         """Start bringing block ``block``'s swapped activations back to the device."""
@@ -213,6 +219,7 @@ class ActivationManager:
         if self.rt.profiling:
             group = self.rt.groups[block]
             group.act_bytes = max(group.act_bytes, acts.saved_bytes)
+            group.swap_host_bytes = max(group.swap_host_bytes, acts.pinned_bytes)
         self.rt.store.uncharge(Tier.DEVICE, acts.device_bytes)
         self.rt.store.uncharge(Tier.HOST, acts.host_bytes)
 

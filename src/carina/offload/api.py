@@ -4,7 +4,9 @@ After wrapping, the user's loop keeps its shape (forward, ``loss.backward()``,
 ``optimizer.step()``, ``optimizer.zero_grad()``, LR schedulers). Parameters
 live as float32 masters in host RAM and stream to the device block by block;
 ``model.state_dict()`` returns the masters, ``model.load_state_dict()`` writes
-them, and the returned optimizer's ``state_dict()`` round-trips too.
+them, and the returned optimizer's ``state_dict()`` round-trips too. A model whose whole
+training state fits the device (``Config(micro_batch_tokens=...)`` sizes its activations) is not
+offloaded at all: it trains on the device as plain PyTorch would (:mod:`carina.offload.resident`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,12 +22,14 @@ from torch import nn
 
 from carina.core.errors import ConfigError
 from carina.memory.store import StoreStats, TensorStore, TierBudgets
+from carina.memory.tiers import format_bytes
 from carina.offload.blocks import find_blocks
-from carina.offload.config import AllocatorMode, ComputeDtype, ConvertOn, OffloadConfig
-from carina.offload.planner import Plan, PlanBudgets, make_plan
+from carina.offload.config import AllocatorMode, ComputeDtype, ConvertOn, OffloadConfig, ResidentMode
+from carina.offload.planner import Plan, PlanBudgets, make_plan, resident_plan
+from carina.offload.resident import ResidentOptimizer, ResidentRuntime
 from carina.offload.runtime import OffloadRuntime
 from carina.offload.session import OffloadOptimizer
-from carina.offload.simulator import BlockProfile, Hardware, ModelProfile
+from carina.offload.simulator import BlockProfile, Hardware, ModelProfile, resident_bytes
 
 log = logging.getLogger("carina.offload")
 
@@ -40,9 +45,15 @@ _DTYPES = {
 
 
 class OffloadHandle:
-    """What carina keeps about a wrapped model: runtime, optimizer, ledger, plan."""
+    """What carina keeps about a wrapped model: runtime, optimizer, ledger, plan.
 
-    def __init__(self, runtime: OffloadRuntime, optimizer: OffloadOptimizer) -> None:
+    A resident model (the plan's mode ``resident``) has a :class:`ResidentRuntime` and a
+    :class:`ResidentOptimizer` here: no hooks, no worker, nothing moved.
+    """
+
+    def __init__(
+        self, runtime: OffloadRuntime | ResidentRuntime, optimizer: OffloadOptimizer | ResidentOptimizer
+    ) -> None:
         self.runtime = runtime
         self.optimizer = optimizer
 
@@ -123,7 +134,7 @@ def static_profile(model: nn.Module, cfg: OffloadConfig, state_bytes: int = 8) -
 
 def wrap(
     model: nn.Module, config: OffloadConfig | None = None, *, optimizer: torch.optim.Optimizer
-) -> tuple[nn.Module, OffloadOptimizer]:
+) -> tuple[nn.Module, OffloadOptimizer | ResidentOptimizer]:
     """Make ``model`` train beyond device memory; return it and the optimizer to step.
 
     Args:
@@ -134,7 +145,9 @@ def wrap(
         optimizer: The optimizer built over ``model.parameters()``, not stepped yet.
 
     Returns:
-        The same model (hooked) and an optimizer to use in its place.
+        The same model (hooked) and an optimizer to use in its place. When everything fits the
+        device (``config.resident``, :mod:`carina.offload.resident`), the model is moved to the
+        device unhooked and the optimizer is the user's, stepping there.
 
     Raises:
         CapacityError: The parameters and optimizer state cannot fit the budgets.
@@ -148,9 +161,12 @@ def wrap(
     device = torch.device(cfg.resolved_device())
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    budgets = _budgets(cfg, device)
+    whole = _resident_plan(model, cfg, state_bytes_per_param(optimizer), budgets)
+    if whole is not None:
+        return _wrap_resident(model, cfg, optimizer, whole, budgets, device)
     if device.type == "cuda":
         _set_up_allocator(cfg)
-    budgets = _budgets(cfg, device)
     static = make_plan(
         static_profile(model, cfg, state_bytes_per_param(optimizer)),
         budgets,
@@ -174,6 +190,63 @@ def wrap(
     opt.spill = {i for i, b in enumerate(static.blocks) if b.state_on_nvme}
     _HANDLES[model] = OffloadHandle(runtime, opt)
     _install_state_hooks(model, runtime)
+    return model, opt
+
+
+def _resident_plan(model: nn.Module, cfg: OffloadConfig, state_bytes: int, budgets: PlanBudgets) -> Plan | None:
+    """The resident plan (:func:`~carina.offload.planner.resident_plan`) when ``cfg.resident`` allows and it fits."""
+    if cfg.resident is ResidentMode.OFF:
+        return None
+    prof = static_profile(model, cfg, state_bytes)
+    acts = _saved_estimate(model, cfg, prof)
+    if acts is None and cfg.resident is ResidentMode.AUTO:
+        log.info(
+            "resident mode not planned: the activations are unknown (set micro_batch_tokens, with a transformers "
+            "Llama-style config on the model, or resident='on'); offloading"
+        )
+        return None
+    if acts is not None:
+        block, other, workspace = acts
+        blocks = tuple(replace(b, act_bytes=block) for b in prof.blocks)
+        prof = replace(prof, blocks=blocks, other_act_bytes=other, head_workspace_bytes=workspace)
+    plan = resident_plan(prof, budgets, required=cfg.resident is ResidentMode.ON)
+    if plan is None:
+        log.info(
+            "resident mode not planned: the whole training state needs %s on the device, budget %s; offloading",
+            format_bytes(resident_bytes(prof).total),
+            format_bytes(budgets.device or 0),
+        )
+    return plan
+
+
+def _saved_estimate(model: nn.Module, cfg: OffloadConfig, prof: ModelProfile) -> tuple[int, int, int] | None:
+    """Activation bytes (per block, outside, head workspace) at ``cfg.micro_batch_tokens``, None when unknown."""
+    from carina.offload.estimate import saved_bytes
+
+    shape = getattr(model, "config", None)
+    keys = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+    if not cfg.micro_batch_tokens or not all(isinstance(getattr(shape, k, None), int) for k in keys):
+        return None
+    numel = sum(b.numel for b in prof.blocks) + prof.resident_numel
+    item = max(1, (sum(b.param_bytes for b in prof.blocks) + prof.resident_param_bytes) // max(1, numel))
+    return saved_bytes(shape, cfg.micro_batch_tokens, item)
+
+
+def _wrap_resident(
+    model: nn.Module,
+    cfg: OffloadConfig,
+    optimizer: torch.optim.Optimizer,
+    plan: Plan,
+    budgets: PlanBudgets,
+    device: torch.device,
+) -> tuple[nn.Module, ResidentOptimizer]:
+    """Everything on the device, the user's optimizer stepping there (:mod:`carina.offload.resident`)."""
+    store = TensorStore(TierBudgets(device=cfg.device_budget or budgets.device, host=cfg.host_budget),
+                        device=str(device))  # fmt: skip
+    runtime = ResidentRuntime(model, cfg, store, _DTYPES.get(cfg.compute_dtype))
+    opt = ResidentOptimizer(optimizer, runtime, plan)
+    _HANDLES[model] = OffloadHandle(runtime, opt)
+    log.info("offload plan: %s", plan.tier)
     return model, opt
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "ParamGroup",
     "build_groups",
     "find_blocks",
+    "host_buffer_sizes",
     "partition",
     "release_device",
     "restore_device",
@@ -103,6 +104,7 @@ class ParamGroup:
     direct: bool = False  # this backward's gradients go to the host gradient as float32 (folded on the device)
     grad_mode: str = "host"  # this backward: "host" (staging), "acc" (add on device) or "ship" (add, send sum)
     act_bytes: int = 0
+    swap_host_bytes: int = 0  # pinned host bytes its swapped activations took while profiling (0: not pinned)
     fwd_s: float = 0.0
 
     @property
@@ -148,15 +150,20 @@ class HostBuffers:
     """
 
     def __init__(self, store: TensorStore, sizes: list[int]) -> None:
-        from carina.offload.hostmem import PinnedSlabs, slab_size
+        from carina.offload.hostmem import PinnedSlabs, slab_plan, slab_size
 
         self.store = store
-        self.slabs = PinnedSlabs(store, slab_size(sizes)) if store.pinned else None
+        self.slabs = PinnedSlabs(store, slab_size(sizes), plan=slab_plan(sizes)) if store.pinned else None
 
     @property
     def pinned_bytes(self) -> int:
         """Pinned bytes the slabs hold."""
         return self.slabs.reserved if self.slabs is not None else 0
+
+    @property
+    def slack_bytes(self) -> int:
+        """Pinned bytes of the slabs that no buffer uses (their tails): host RAM beside the ledger's."""
+        return self.slabs.reserved - self.slabs.carved if self.slabs is not None else 0
 
     def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, what: str) -> torch.Tensor:
         """An uninitialised host tensor charged to the host tier."""
@@ -190,14 +197,7 @@ def build_groups(
     (:mod:`carina.offload.hostmem`). Returns the groups and their host allocator.
     """
     layout = layout or HostLayout()
-    sizes = []
-    for _, _, params in named:
-        numel = sum(p.numel() for p in params)
-        item = torch.empty((), dtype=compute_dtype or (params[0].dtype if params else torch.float32)).element_size()
-        sizes += [4 * numel, 4 * numel]
-        sizes += [item * numel] if layout.staging else []
-        sizes += [item * numel] if item != 4 and layout.host_copy else []
-    host = HostBuffers(store, sizes)
+    host = HostBuffers(store, host_buffer_sizes(named, compute_dtype, layout))
     groups = []
     for i, (name, mod, params) in enumerate(named):
         group = _build(i, name, mod, params, store=store, compute_dtype=compute_dtype, host=host, layout=layout)
@@ -207,6 +207,20 @@ def build_groups(
             group.resident = True
         groups.append(group)
     return groups, host
+
+
+def host_buffer_sizes(
+    named: list[tuple[str, nn.Module | None, list[nn.Parameter]]], compute_dtype: torch.dtype | None, layout: HostLayout
+) -> list[int]:
+    """Bytes of every host buffer :func:`build_groups` makes, in the order it makes them."""
+    sizes = []
+    for _, _, params in named:
+        numel = sum(p.numel() for p in params)
+        item = torch.empty((), dtype=compute_dtype or (params[0].dtype if params else torch.float32)).element_size()
+        sizes += [4 * numel, 4 * numel]
+        sizes += [item * numel] if layout.staging else []
+        sizes += [item * numel] if item != 4 and layout.host_copy else []
+    return sizes
 
 
 def release_device(group: ParamGroup, store: TensorStore) -> None:

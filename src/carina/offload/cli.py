@@ -53,6 +53,10 @@ def plan(
             "take the fastest that fits (replaces --tokens and --micro-batches; 0: off)."
         ),
     ] = 0,
+    resident: Annotated[
+        str,
+        typer.Option(help="auto: train resident (no offload) when everything fits the device; on: must; off: never."),
+    ] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
 ) -> None:
     """Plan a model from its shape (modeled): bytes per tier, predicted step split, bottleneck.
@@ -78,10 +82,7 @@ def plan(
             )
         except ValueError as exc:
             raise ConfigError(str(exc), key="budget") from None
-        if micro_batches < 1:
-            raise ConfigError("micro_batches must be >= 1", key="micro_batches")
-        if activations not in ("plan", "keep", "swap", "recompute"):
-            raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
+        _check_choices(micro_batches, activations, resident)
         cfg = model_config(model, **({"num_hidden_layers": layers} if layers else {}))
         hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9,
                      cast=cast_gelems * 1e9, fold=fold_gelems * 1e9)  # fmt: skip
@@ -92,7 +93,8 @@ def plan(
                            micro_batches=micro_batches, staging_bytes_per_param=dtype_bytes if staged else 0,
                            fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host)  # fmt: skip
             return make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth,
-                             cast="host" if convert_on_host else "auto", carry=not step_barrier)  # fmt: skip
+                             cast="host" if convert_on_host else "auto", carry=not step_barrier,
+                             resident=resident)  # fmt: skip
 
         splits: list[Split] = []
         if tokens_per_step:
@@ -120,6 +122,7 @@ def plan(
                     title=f"splits of {tokens_per_step} tokens per step (the fastest that fits: below)")  # fmt: skip
     out.print(f"[bold]{model}[/]: {param_count(cfg) / 1e9:.2f}B parameters, {micro_batches} x {tokens} tokens per "
               "step (modeled)")  # fmt: skip
+    out.print(result.tier)
     counts = result.counts()
     out.print(
         f"blocks: {counts['streamed']} streamed, {counts['resident']} resident; activations keep {counts['keep']}"
@@ -138,6 +141,17 @@ def plan(
              "disk": t.disk}  # fmt: skip
     print_table([{"resource": k, "seconds": f"{v:.3f}"} for k, v in parts.items()], columns=["resource", "seconds"],
                 title=f"predicted step {t.predicted:.3f} s, bottleneck {t.bottleneck}")  # fmt: skip
+
+
+def _check_choices(micro_batches: int, activations: str, resident: str) -> None:
+    from carina.core.errors import ConfigError
+
+    if micro_batches < 1:
+        raise ConfigError("micro_batches must be >= 1", key="micro_batches")
+    if activations not in ("plan", "keep", "swap", "recompute"):
+        raise ConfigError(f"unknown activation policy {activations!r}", key="activations")
+    if resident not in ("auto", "on", "off"):
+        raise ConfigError(f"resident must be auto, on or off, got {resident!r}", key="resident")
 
 
 @app.command()

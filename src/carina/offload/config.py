@@ -16,6 +16,7 @@ __all__ = [
     "CpuOptimizerImpl",
     "OffloadConfig",
     "OverlapMode",
+    "ResidentMode",
 ]
 
 
@@ -73,6 +74,14 @@ class ConvertOn(enum.Enum):
     AUTO = "auto"  # fold: on the device; cast: the planner chooses per block (device while profiling)
     HOST = "host"  # on the CPU optimizer's thread (host staging / a compute-dtype host copy)
     DEVICE = "device"  # on the device (no host staging / no host copy)
+
+
+class ResidentMode(enum.Enum):
+    """Whether a model whose whole training state fits the device trains there, with no offload at all."""
+
+    AUTO = "auto"  # resident when the plan's bytes (activations included) fit the device budget
+    ON = "on"  # resident; CapacityError when the parameters, gradients and optimizer state do not fit
+    OFF = "off"  # always offload (host masters, CPU optimizer, streamed blocks)
 
 
 @dataclass(kw_only=True)
@@ -148,6 +157,18 @@ class OffloadConfig(Config):
             copy, no cast pass; twice the host-to-device bytes). ``auto``: the planner
             chooses per block (device while profiling); the default since the device paths' CUDA
             tests passed on an H200. No effect with float32 compute.
+        resident: Whether a model that fits the device trains as plain PyTorch would
+            (:class:`ResidentMode`, :mod:`carina.offload.resident`): everything on the device,
+            the user's optimizer (class, param groups, hyperparameters, fused/foreach) stepping
+            there, no hooks on the forward or backward, no host masters, no pinned slabs.
+            ``auto`` plans it when the closed-form device bytes fit the device budget (less
+            ``allocator_headroom`` on CUDA): parameters, float32 masters when the compute dtype
+            is narrower, gradients, optimizer state, every block's saved activations at
+            ``micro_batch_tokens`` and the head's workspace; with those activations unknown it
+            offloads.
+        micro_batch_tokens: Tokens per micro-batch (sequences times sequence length), to size
+            the activations before anything runs (0: unknown). Estimated from the model's
+            transformers config (Llama, Mistral/Qwen2-style shapes, :mod:`carina.offload.estimate`).
         step_timing: Record where each step's time goes (:mod:`carina.offload.timing`): compute,
             recompute, waits on streamed weights, swapped activations and the CPU optimizer,
             and the optimizer's own work. For benchmarks; off by default.
@@ -179,6 +200,8 @@ class OffloadConfig(Config):
     step_barrier: bool = False
     grad_fold: ConvertOn = ConvertOn.AUTO
     param_cast: ConvertOn = ConvertOn.AUTO
+    resident: ResidentMode = ResidentMode.AUTO
+    micro_batch_tokens: int = 0
     step_timing: bool = False
 
     def validate(self) -> None:
@@ -217,6 +240,7 @@ class OffloadConfig(Config):
             "cpu_optimizer_threads must be in 0..1024 (0: auto)",
             key="cpu_optimizer_threads",
         )
+        require(self.micro_batch_tokens >= 0, "micro_batch_tokens must be >= 0 (0: unknown)", key="micro_batch_tokens")
         for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0", key=name)
 

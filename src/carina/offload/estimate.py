@@ -20,7 +20,7 @@ from typing import Any
 
 from carina.offload.simulator import BlockProfile, Hardware, ModelProfile, logits_workspace_bytes
 
-__all__ = ["ShapeEstimate", "estimate_profile", "nominal_hardware"]
+__all__ = ["ShapeEstimate", "estimate_profile", "nominal_hardware", "saved_bytes"]
 
 
 @dataclass(frozen=True)
@@ -33,29 +33,46 @@ class ShapeEstimate:
     dtype_bytes: int
 
 
+def _kv_width(config: Any) -> int:
+    heads = config.num_attention_heads
+    return int(config.hidden_size // heads * (getattr(config, "num_key_value_heads", None) or heads))
+
+
+def saved_bytes(config: Any, tokens: int, dtype_bytes: int) -> tuple[int, int, int]:
+    """``(per block, outside the blocks, head workspace)`` activation bytes of ``tokens`` tokens.
+
+    Per block: the saved tensors of one Llama-style decoder layer (see the module docstring);
+    outside: the saved float32 log-softmax and the head's input; the head workspace: its
+    transient float32 copies of the logits.
+    """
+    h, i = config.hidden_size, config.intermediate_size
+    kv = _kv_width(config)
+    logits = tokens * config.vocab_size
+    block = tokens * (dtype_bytes * (6 * h + 2 * kv + 4 * i) + 8 * h)
+    return block, logits * 4 + tokens * h * dtype_bytes, logits_workspace_bytes(logits)
+
+
 def estimate_profile(config: Any, est: ShapeEstimate, state_bytes: int = 8) -> ModelProfile:
     """A modeled :class:`ModelProfile` of a LlamaConfig for ``est.tokens`` tokens per micro-batch."""
     h, i, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    kv = h // config.num_attention_heads * config.num_key_value_heads
+    kv = _kv_width(config)
     item = est.dtype_bytes
     numel = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
-    act = est.tokens * (item * (6 * h + 2 * kv + 4 * i) + 8 * h)
+    act, other, workspace = saved_bytes(config, est.tokens, item)
     fwd = est.tokens * (2 * numel + 4 * est.seq_len * h) / (est.tflops * 1e12)
-    vocab = config.vocab_size
-    rest = vocab * h * (1 if config.tie_word_embeddings else 2) + h
-    logits = est.tokens * vocab
+    rest = config.vocab_size * h * (1 if config.tie_word_embeddings else 2) + h
     copy = 0 if item == 4 else item  # the host copy of a block cast on the host
     return ModelProfile(
         blocks=tuple(BlockProfile(f"layers.{k}", numel * item, numel, act, fwd) for k in range(n)),
         resident_param_bytes=rest * item,
         resident_numel=rest,
-        other_act_bytes=logits * 4 + est.tokens * h * item,  # saved log-softmax, the head's input
+        other_act_bytes=other,  # saved log-softmax, the head's input
         other_fwd_s=est.tokens * 2 * rest / (est.tflops * 1e12),
         state_bytes_per_param=state_bytes,
         copy_bytes_per_param=copy,
         fold_on_device=True,  # carina's defaults: gradients folded and the rest cast on the device
         rest_cast_on_device=True,
-        head_workspace_bytes=logits_workspace_bytes(logits),
+        head_workspace_bytes=workspace,
     )
 
 

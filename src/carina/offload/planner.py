@@ -14,12 +14,20 @@ optimizer state lives in host RAM or spills to NVMe. Every candidate is replayed
 simulated device peak and host bytes fit their budgets and its simulated step
 is no slower (Ratel's traffic-aware rule: relieve the busiest resource). A
 configuration that cannot fit raises :class:`CapacityError` saying what would.
+
+Before any of that, with ``resident`` on or auto, :func:`resident_plan` checks whether the whole
+training state fits the device (:func:`~carina.offload.simulator.resident_bytes`: parameters,
+float32 masters when the compute dtype is narrower, gradients, optimizer state, every block's
+activations kept, the head's workspace). When it does, the plan's mode is
+:attr:`PlanMode.RESIDENT`: nothing is offloaded and the model trains as plain PyTorch would
+(:mod:`carina.offload.resident`); no offloaded plan can beat it, since it moves nothing.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from carina.core.errors import CapacityError
@@ -29,12 +37,21 @@ from carina.offload.simulator import (
     BlockPlan,
     Hardware,
     ModelProfile,
+    ResidentBytes,
     StepTime,
     host_bytes,
+    resident_bytes,
     simulate,
 )
 
-__all__ = ["Plan", "PlanBudgets", "make_plan"]
+__all__ = ["Plan", "PlanBudgets", "PlanMode", "make_plan", "resident_plan"]
+
+
+class PlanMode(enum.Enum):
+    """How a plan trains the model."""
+
+    OFFLOAD = "offload"  # host masters, CPU optimizer, blocks streamed or kept per the plan
+    RESIDENT = "resident"  # everything on the device, the user's optimizer there: plain PyTorch
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,21 @@ class Plan:
     host_bytes: int
     nvme_bytes: int
     time: StepTime
+    mode: PlanMode = PlanMode.OFFLOAD
+    resident: ResidentBytes | None = field(default=None, compare=False)  # the resident plan's byte split
+
+    @property
+    def tier(self) -> str:
+        """One line saying where the training state lives."""
+        if self.mode is PlanMode.RESIDENT:
+            return (
+                f"resident: everything fits the device, no offload ({format_bytes(self.device_peak)} on the device, "
+                "the optimizer steps there)"
+            )
+        return (
+            f"offload: {format_bytes(self.device_peak)} device peak, {format_bytes(self.host_bytes)} host, "
+            f"{format_bytes(self.nvme_bytes)} NVMe"
+        )
 
     def counts(self) -> dict[str, int]:
         """How many blocks take each choice."""
@@ -71,7 +103,10 @@ class Plan:
     def summary(self) -> dict[str, object]:
         """A JSON-ready description (bytes per tier, time split, bottleneck)."""
         t = self.time
-        return {
+        out: dict[str, object] = {"mode": self.mode.value, "tier": self.tier}
+        if self.resident is not None:
+            out["resident_bytes"] = {**vars(self.resident), "total": self.resident.total}
+        return out | {
             "blocks": self.counts(),
             "prefetch_depth": self.prefetch_depth,
             "overlap_optimizer": self.overlap,
@@ -151,6 +186,35 @@ def _spill_states(prof: ModelProfile, budgets: PlanBudgets, blocks: list[BlockPl
         )
 
 
+def resident_plan(prof: ModelProfile, budgets: PlanBudgets, *, required: bool = False) -> Plan | None:
+    """The plan that offloads nothing, when the whole training state fits the device budget (else None).
+
+    Its device peak is :func:`~carina.offload.simulator.resident_bytes` (every block's activations
+    kept); its predicted step is the compute alone (forward and backward of every micro-batch).
+
+    Raises:
+        CapacityError: ``required`` and it does not fit.
+    """
+    need = resident_bytes(prof)
+    if budgets.device is not None and need.total > budgets.device:
+        if not required:
+            return None
+        raise CapacityError(
+            f"resident='on' but the whole training state needs {format_bytes(need.total)} on the device "
+            f"(parameters, gradients, optimizer state, activations), budget {format_bytes(budgets.device)}; use "
+            f"resident='auto' (offload when it does not fit) or a larger device budget",
+            tier="device",
+            needed=need.total,
+            budget=budgets.device,
+        )
+    fwd = prof.other_fwd_s + sum(b.fwd_s for b in prof.blocks)
+    compute = fwd * (1 + prof.bwd_over_fwd) * prof.micro_batches
+    time = StepTime(compute=compute, h2d=0.0, d2h=0.0, cpu_optimizer=0.0, disk=0.0, predicted=compute,
+                    bottleneck="compute")  # fmt: skip
+    blocks = tuple(BlockPlan(resident=True, activation=Action.KEEP, grad_on_device=True) for _ in prof.blocks)
+    return Plan(blocks, 0, False, need.total, 0, 0, time, mode=PlanMode.RESIDENT, resident=need)
+
+
 def make_plan(
     prof: ModelProfile,
     budgets: PlanBudgets,
@@ -161,6 +225,7 @@ def make_plan(
     overlap: bool = True,
     cast: str = "host",
     carry: bool = False,
+    resident: str = "off",
 ) -> Plan:
     """Choose residency, activation action, gradient accumulation, cast and optimizer-state tier per block.
 
@@ -176,10 +241,15 @@ def make_plan(
             from the device; a block casts on the host only where that makes the step faster).
         carry: Whether overlapped updates may run on into the next step's forward (``step_barrier``
             off), see :func:`~carina.offload.simulator.simulate`.
+        resident: ``auto``: the resident plan (:func:`resident_plan`) whenever everything fits the
+            device; ``on``: that plan or CapacityError; ``off``: always an offloaded plan.
 
     Raises:
         CapacityError: No choice fits; the message says what would.
     """
+    whole = None if resident == "off" else resident_plan(prof, budgets, required=resident == "on")
+    if whole is not None:
+        return whole
     problem = _Problem(prof, budgets, hw, prefetch_depth, overlap, carry)
     fixed = None if policy == "plan" else Action(policy)
     start = fixed or Action.RECOMPUTE

@@ -63,7 +63,9 @@ def model_profile(
     copy = 0 if dtype == torch.float32 else item  # the compute-dtype host copy of a group cast on the host
     return ModelProfile(
         blocks=tuple(
-            BlockProfile(g.name, g.device_bytes, g.numel, g.act_bytes, max(g.fwd_s / max(1, steps), 1e-6))
+            BlockProfile(
+                g.name, g.device_bytes, g.numel, g.act_bytes, max(g.fwd_s / max(1, steps), 1e-6), g.swap_host_bytes
+            )
             for g in blocks
         ),
         resident_param_bytes=rest.device_bytes,

@@ -314,7 +314,11 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
             staging=any(g.staging is not None for g in rt.groups),
             rest_cast_on_device=rt.rest.host_copy is None,
         )
-        prof = replace(prof, head_workspace_bytes=rt.head.workspace(self._profiled_head(prof)))
+        prof = replace(
+            prof,
+            head_workspace_bytes=rt.head.workspace(self._profiled_head(prof)),
+            host_fixed_bytes=rt.host.slack_bytes,  # pinned, though no buffer uses it: the plan counts it
+        )
         self.profile = prof
         budgets = self.budgets
         if budgets.device is not None:  # the cast-on-device buffer is carina's, outside the plan

@@ -22,10 +22,12 @@ __all__ = [
     "BlockProfile",
     "Hardware",
     "ModelProfile",
+    "ResidentBytes",
     "SimEvent",
     "StepTime",
     "host_bytes",
     "logits_workspace_bytes",
+    "resident_bytes",
     "simulate",
 ]
 
@@ -35,10 +37,12 @@ from carina.offload.stepmodel import (
     BlockProfile,
     Hardware,
     ModelProfile,
+    ResidentBytes,
     SimEvent,
     StepTime,
     host_bytes,
     logits_workspace_bytes,
+    resident_bytes,
 )
 
 

@@ -3,7 +3,8 @@
 :class:`ModelProfile` (per block: parameter bytes, saved activation bytes, forward
 time), :class:`Hardware` (link bandwidths and the CPU worker's rates), the per-block
 :class:`BlockPlan`, the predicted :class:`StepTime`, the simulated :class:`SimEvent`
-and :func:`host_bytes`, the host and NVMe bytes a plan needs. The timeline that
+and :func:`host_bytes`, the host and NVMe bytes a plan needs; :func:`resident_bytes`, the
+device bytes of training with everything on the device (no offload). The timeline that
 plays a step is :mod:`carina.offload.simulator`.
 """
 
@@ -18,10 +19,12 @@ __all__ = [
     "BlockProfile",
     "Hardware",
     "ModelProfile",
+    "ResidentBytes",
     "SimEvent",
     "StepTime",
     "host_bytes",
     "logits_workspace_bytes",
+    "resident_bytes",
 ]
 
 #: Float32 copies of the logits live at once, beyond the saved ones, while a causal LM's loss runs
@@ -51,6 +54,7 @@ class BlockProfile:
     numel: int
     act_bytes: int
     fwd_s: float
+    swap_host_bytes: int = 0  # host bytes its swapped activations pin (PyTorch's pinned cache rounds up; 0: act_bytes)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class ModelProfile:
     bwd_over_fwd: float = 2.0
     head_workspace_bytes: int = 0
     micro_batches: int = 1  # backward passes per optimizer step (gradient accumulation)
+    host_fixed_bytes: int = 0  # host bytes beside the per-parameter buffers: the pinned slabs' unused tails
 
     @property
     def numel(self) -> int:
@@ -148,7 +153,7 @@ class SimEvent:
 def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, int]:
     """Host and NVMe bytes a plan needs (masters, gradients, staging, copies, states, swapped activations)."""
     per_param = 4 + 4 + prof.staging_bytes_per_param  # master, gradient, staging
-    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param
+    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param + prof.host_fixed_bytes
     if not prof.rest_cast_on_device:
         host += prof.resident_numel * prof.copy_bytes_per_param
     nvme = staged = 0
@@ -162,5 +167,53 @@ def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, 
         else:
             host += state
         if p.activation is Action.SWAP:
-            host += b.act_bytes
+            host += b.swap_host_bytes or b.act_bytes
     return host + staged, nvme
+
+
+@dataclass(frozen=True)
+class ResidentBytes:
+    """Device bytes of training with everything on the device, as plain PyTorch would (no offload).
+
+    ``masters`` and ``master_grads`` are the float32 copies kept when the compute dtype is
+    narrower (zero with float32 compute: the parameters are the masters); ``grads`` are the
+    compute-dtype gradients autograd makes; ``activations`` every block's saved tensors kept
+    (none recomputed) plus those saved outside the blocks; ``head_workspace`` the head's and
+    the loss's transient bytes.
+    """
+
+    params: int
+    masters: int
+    grads: int
+    master_grads: int
+    optimizer_state: int
+    activations: int
+    head_workspace: int
+
+    @property
+    def total(self) -> int:
+        """All of it: the device peak the resident plan counts."""
+        return (
+            self.params
+            + self.masters
+            + self.grads
+            + self.master_grads
+            + self.optimizer_state
+            + self.activations
+            + self.head_workspace
+        )
+
+
+def resident_bytes(prof: ModelProfile) -> ResidentBytes:
+    """The closed-form device bytes of ``prof`` trained with everything on the device."""
+    params = prof.resident_param_bytes + sum(b.param_bytes for b in prof.blocks)
+    narrow = params != 4 * prof.numel  # a compute dtype narrower than the float32 masters
+    return ResidentBytes(
+        params=params,
+        masters=4 * prof.numel if narrow else 0,
+        grads=params,
+        master_grads=4 * prof.numel if narrow else 0,
+        optimizer_state=prof.state_bytes_per_param * prof.numel,
+        activations=prof.other_act_bytes + sum(b.act_bytes for b in prof.blocks),
+        head_workspace=prof.head_workspace_bytes,
+    )

@@ -108,13 +108,15 @@ def offload_worker(model: Any, cfg: DisaggConfig, link: PSLink, device: str) -> 
     import torch
 
     from carina.offload.api import handle_of, wrap
+    from carina.offload.config import ResidentMode
+    from carina.offload.runtime import OffloadRuntime
 
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     user = torch.optim.SGD([p for _, p in trainable], lr=0.0)  # stateless: the PS owns the optimizer
-    model, _ = wrap(model, replace(cfg.offload, device=device), optimizer=user)
+    # the PS holds the masters and steps them: the worker always offloads (never the resident mode)
+    model, opt = wrap(model, replace(cfg.offload, device=device, resident=ResidentMode.OFF), optimizer=user)
     handle = handle_of(model)
-    backend = PSBackend(
-        user, handle.runtime, handle.optimizer.budgets, link=link, names={id(p): n for n, p in trainable}
-    )
+    assert isinstance(opt, OffloadOptimizer) and isinstance(handle.runtime, OffloadRuntime)
+    backend = PSBackend(user, handle.runtime, opt.budgets, link=link, names={id(p): n for n, p in trainable})
     handle.optimizer = backend
     return model, backend
