@@ -17,7 +17,9 @@ from carina.ckpt.storage import read_manifest
 from carina.cli.app import app
 from carina.cli.train import KILL_ENV
 
-_ARGS = ["train", "--model", "tiny", "--steps", "6", "--device", "cpu", "--json"]
+# A device budget below what resident mode needs (5.4 MiB for tiny): the CLI run offloads, so the resume
+# covers carina.offload's hooked model and its lent state (resident runs: tests/offload/test_resident.py).
+_ARGS = ["train", "--model", "tiny", "--steps", "6", "--device", "cpu", "--device-budget", "4MiB", "--json"]
 
 
 def _train(*extra: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,10 @@ def run(
     params = sum(p.numel() for p in model.parameters())
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     user_opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    model, opt = wrap(model, cfg.offload, optimizer=user_opt)
+    offload = cfg.offload
+    if not offload.micro_batch_tokens:  # the micro-batch is known here: resident mode can be planned
+        offload = replace(offload, micro_batch_tokens=cfg.micro_batch * cfg.seq_len)
+    model, opt = wrap(model, offload, optimizer=user_opt)
     handle = handle_of(model)
     device = handle.runtime.device
     data = _tokens(cfg, shape.vocab_size)
