@@ -186,6 +186,7 @@ def summarize(name: str, out: dict[str, Any], persist_s: float) -> dict[str, Any
     row.update({"interval_s": round(interval_s, 3), "overhead_pct": round(est.pct, 3),
                 "ci95_pct": _r3(est.ci_pct), "bootstrap95_pct": _r3(est.bootstrap_pct),
                 "per_block_pct": _r3(est.per_block_pct), "in_flight_pct": round(est.in_flight_pct, 3),
+                "in_flight_ci95_pct": _r3(est.in_flight_ci_pct),
                 "after_durable_pct": round(est.after_pct, 3),
                 "blocking_s_per_save": round(sum(b["blocking_s"] for b in out["ckpt"]) / len(ckpt), 4),
                 "durable_s": [round(b["durable_s"], 3) for b in out["ckpt"]],

@@ -23,6 +23,7 @@ def test_constant_steps_give_the_exact_excess() -> None:
     assert est.ci_pct == pytest.approx((12.5, 12.5))
     assert est.bootstrap_pct == pytest.approx((12.5, 12.5))
     assert est.in_flight_pct == pytest.approx(12.5)
+    assert est.in_flight_ci_pct == pytest.approx((12.5, 12.5))
     assert est.after_pct == pytest.approx(0.0)
     assert est.n == 3 and est.base_step_s == pytest.approx(1.0)
     assert verdict(est, 3.5) == "missed"

@@ -32,7 +32,7 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from carina.core.errors import ConfigError
 
@@ -87,7 +87,9 @@ class OverheadEstimate:
         bootstrap_pct: 95 % percentile bootstrap interval of the mean (seeded).
         per_block_pct: Each checkpointed block's overhead, in order.
         in_flight_pct: Mean over blocks of blocking + the in-flight steps' excess over the base,
-            per K-step interval (what the save's own steps cost).
+            per K-step interval (what the save's own steps cost; less noisy, but it assumes the steps
+            after the save was durable cost nothing, which ``after_pct`` checks).
+        in_flight_ci_pct: Its Student-t interval.
         after_pct: Mean excess of the steps after the save was durable (0 if saves leave no trace).
         interval: K.
         base_step_s: Mean clean step over all clean blocks.
@@ -99,9 +101,9 @@ class OverheadEstimate:
     per_block_pct: list[float]
     in_flight_pct: float
     after_pct: float
+    in_flight_ci_pct: tuple[float, float] = (0.0, 0.0)
     interval: int
     base_step_s: float
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -119,6 +121,8 @@ def t_quantile(df: int) -> float:
 def _interval(values: Sequence[float], resamples: int, seed: int) -> tuple[tuple[float, float], tuple[float, float]]:
     mean = statistics.fmean(values)
     half = t_quantile(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    if not resamples:
+        return (mean - half, mean + half), (mean, mean)
     rng = random.Random(seed)
     means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(resamples))
     lo, hi = means[int(0.025 * (resamples - 1))], means[math.ceil(0.975 * (resamples - 1))]
@@ -171,7 +175,9 @@ def paired_overhead(
         head, tail = blk.steps_s[: blk.in_flight], blk.steps_s[blk.in_flight :]
         flight.append(_excess_pct(blk.blocking_s + math.fsum(head), len(head), base, interval))
         after.append(_excess_pct(math.fsum(tail), len(tail), base, interval))
-    return _estimate(per, clean, interval, resamples, seed, statistics.fmean(flight), statistics.fmean(after))
+    est = _estimate(per, clean, interval, resamples, seed, statistics.fmean(flight), statistics.fmean(after))
+    est.in_flight_ci_pct = _interval(flight, 0, seed)[0]
+    return est
 
 
 def null_overhead(clean: Sequence[Block], interval: int, *, resamples: int = 4000, seed: int = 0) -> OverheadEstimate:
