@@ -26,9 +26,9 @@ def test_constant_steps_give_the_exact_excess() -> None:
     assert est.in_flight_ci_pct == pytest.approx((12.5, 12.5))
     assert est.after_pct == pytest.approx(0.0)
     assert est.n == 3 and est.base_step_s == pytest.approx(1.0)
-    assert verdict(est, 3.5) == "missed"
-    assert verdict(est, 15.0) == "met"
-    assert verdict(est, 3.5, applies=False) == "n/a"
+    assert verdict(est.ci_pct, 3.5) == "missed"
+    assert verdict(est.ci_pct, 15.0) == "met"
+    assert verdict(est.ci_pct, 3.5, applies=False) == "n/a"
 
 
 def test_linear_drift_cancels_where_separate_windows_do_not() -> None:
@@ -82,7 +82,7 @@ def test_noisy_steps_interval_covers_truth_and_null_covers_zero() -> None:
     assert hi - lo < 2.0
     blo, bhi = est.bootstrap_pct
     assert blo < est.pct < bhi
-    assert verdict(est, 3.5) in ("met", "unresolved")
+    assert verdict(est.ci_pct, 3.5) in ("met", "unresolved")
     null = null_overhead(clean, k)
     assert null.n == n - 1
     assert null.ci_pct[0] < 0 < null.ci_pct[1]
@@ -94,7 +94,7 @@ def test_unresolved_when_the_interval_straddles_the_goal() -> None:
     ckpt = [Block(steps_s=[1.0] * 10, blocking_s=b) for b in (0.0, 0.7, 0.35)]  # 0 %, 7 %, 3.5 %
     est = paired_overhead(ckpt, clean, 10)
     assert est.pct == pytest.approx(3.5)
-    assert verdict(est, 3.5) == "unresolved"
+    assert verdict(est.ci_pct, 3.5) == "unresolved"
 
 
 @pytest.mark.parametrize(

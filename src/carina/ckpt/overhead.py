@@ -23,7 +23,7 @@ g) or unresolved. A null estimate, each inner clean block against its two
 neighbours, shows the noise floor of the same estimator on blocks without saves.
 
     est = paired_overhead(ckpt_blocks, clean_blocks, interval=64)
-    est.pct, est.ci_pct, verdict(est, goal_pct=3.5)
+    est.pct, est.ci_pct, verdict(est.ci_pct, goal_pct=3.5)
 """
 
 from __future__ import annotations
@@ -196,11 +196,11 @@ def null_overhead(clean: Sequence[Block], interval: int, *, resamples: int = 400
     return _estimate(per, clean, interval, resamples, seed, 0.0, mean)
 
 
-def verdict(est: OverheadEstimate, goal_pct: float, applies: bool = True) -> str:
-    """``met`` (interval at or below the goal), ``missed`` (above it), ``unresolved``, or ``n/a``."""
+def verdict(ci_pct: tuple[float, float], goal_pct: float, applies: bool = True) -> str:
+    """``met`` (the interval at or below the goal), ``missed`` (above it), ``unresolved``, or ``n/a``."""
     if not applies:
         return "n/a"
-    lo, hi = est.ci_pct
+    lo, hi = ci_pct
     if hi <= goal_pct:
         return "met"
     if lo > goal_pct:
