@@ -56,7 +56,7 @@ def ckpt_block(method: Any, step: Any, k: int, step_no: int, deadline_s: float) 
     method.start(step_no)
     blocking = round(time.perf_counter() - tb, 6)
     steps: list[float] = []
-    in_flight = None
+    in_flight, durable = None, 0.0
     while len(steps) < k or in_flight is None:
         if in_flight is None and method.done():
             in_flight = len(steps)

@@ -36,16 +36,9 @@ PARTS=${PARTS:-overhead offload7b fork}   # which steps run, in this order
 OV_PARAMS=${OVERHEAD_PARAMS:-$OV_PARAMS}; OV_LIMIT=${OVERHEAD_LIMIT:-$OV_LIMIT}
 OFF_LIMIT=${OFFLOAD_LIMIT:-$OFF_LIMIT}; START_BY=${OFFLOAD_START_BY:-$START_BY}
 SUFFIX=${SUFFIX_OVERRIDE:-$SUFFIX}
-has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-PYTHON=${PYTHON:-python3}
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
-if ls .whl-ckpt/*.whl >/dev/null 2>&1; then  # carried wheels (isal: ISA-L's CRC-32 for the checksums)
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-ckpt \
-    .whl-ckpt/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-ckpt
-fi
-"$PYTHON" -c "from carina.ckpt.checksum import BACKEND; print('checksum backend:', BACKEND)"
 # shellcheck source=benchmarks/ckpt/budget_steps.sh
 . "$(dirname "$0")/budget_steps.sh"
+lane_env
 lane_begin lane_s7.log "./.ckpt_s7.$$"
 
 has overhead && step "overhead ($DEVICE, llama $OV_PARAMS, K=auto, interleaved blocks)" "$OV_LIMIT" \
