@@ -1,13 +1,14 @@
-"""Why the fork writer was slow to durable, by measurement: its child's page-cache writes vs O_DIRECT.
+"""Why the fork writer was slow to durable, by measurement: page-cache writes, then serial checksums.
 
 The forked child cannot use carina.io (a child of a multi-threaded process must
-not start threads), so it wrote with buffered ``pwrite`` and fsync; it now writes
-the arena's aligned head with synchronous ``O_DIRECT`` ``pwrite``\\ s
-(carina.ckpt.commit.write_file_direct). One process saves a synthetic state of
-``--size-mb`` with (no training; ``carina ckpt bench``'s loop, ``quick_bench``):
+not start threads), so it wrote with buffered ``pwrite`` and fsync and then
+checksummed. It now forks a grandchild that writes the arena with ``O_DIRECT``
+while it checksums (carina.ckpt.forkwrite). One process saves a synthetic state
+of ``--size-mb`` with (no training; ``carina ckpt bench``'s loop, ``quick_bench``):
 
-- ``carina-fork`` (O_DIRECT, the writer as shipped),
-- ``carina-fork-buffered`` (the same writer with the child's old buffered path),
+- ``carina-fork`` (the writer as shipped: O_DIRECT grandchild, checksums meanwhile),
+- ``carina-fork-direct-serial`` (the child writes with O_DIRECT itself, then checksums),
+- ``carina-fork-buffered`` (the child's old path: buffered pwrite + fsync, then checksums),
 - ``carina-process`` (carina.io, O_DIRECT, checksums overlapped with the writes),
 - ``torch.save`` (+fsync: buffered, as the old child),
 
@@ -28,21 +29,30 @@ from typing import Any
 from bench_stall import disk_ceiling
 from stall_record import env
 
-from carina.ckpt import commit
+from carina.ckpt import commit, forkwrite
 from carina.ckpt.checksum import BACKEND
 from carina.ckpt.quickbench import quick_bench
 from carina.core.bench import Figure, make_record, write_record
 
 
-def buffered_fork(size_mb: int, reps: int, root: str) -> dict[str, Any]:
-    """The fork writer with its child's old path (buffered pwrite, fsync): the child inherits the patch."""
-    direct = commit.write_file_direct
-    commit.write_file_direct = commit.write_file  # type: ignore[assignment]
+def _buffered(path: str, data: memoryview) -> Any:
+    commit.write_file(path, data)
+    return lambda: None
+
+
+#: variant -> the child's writer (the child inherits the patched module attribute at fork).
+VARIANTS = {"carina-fork-direct-serial": commit.pwrite_file, "carina-fork-buffered": _buffered}
+
+
+def fork_variant(name: str, size_mb: int, reps: int, root: str) -> dict[str, Any]:
+    """The fork writer with another child writer (one of VARIANTS)."""
+    shipped = forkwrite.forked_write
+    forkwrite.forked_write = VARIANTS[name]
     try:
         [row] = quick_bench(size_mb, reps, ["fork"], root, torch_save=False)
     finally:
-        commit.write_file_direct = direct  # type: ignore[assignment]
-    return {**row, "method": "carina-fork-buffered"}
+        forkwrite.forked_write = shipped
+    return {**row, "method": name}
 
 
 def main() -> None:
@@ -57,7 +67,7 @@ def main() -> None:
     nbytes = args.size_mb << 20
     bw, src = disk_ceiling(root, nbytes)
     rows = quick_bench(args.size_mb, args.reps, ["fork", "process"], str(root))  # + torch.save
-    rows.insert(1, buffered_fork(args.size_mb, args.reps, str(root)))
+    rows[1:1] = [fork_variant(name, args.size_mb, args.reps, str(root)) for name in VARIANTS]
     bound = 1.2 * nbytes / bw + 0.5
     for r in rows:
         r["durable_GBps"] = round(nbytes / r["durable_s"] / 1e9, 3)
@@ -65,17 +75,20 @@ def main() -> None:
         r["within_bound"] = r["durable_s"] <= bound
     by = {r["method"]: r["durable_s"] for r in rows}
     figures = []
-    for m in ("carina-fork", "carina-fork-buffered"):
+    for m in ("carina-fork", *VARIANTS):
         figures.append(Figure(name=f"time_to_durable_{m.removeprefix('carina-')}", value=round(by[m], 4), unit="s",
                               higher_is_better=False, ceiling=round(nbytes / bw, 4),
                               ceiling_source=f"bytes / {src} ({bw / 1e9:.2f} GB/s, same run)",
                               peers={p: round(v, 4) for p, v in by.items() if p != m}))  # fmt: skip
     metrics = {"summary": rows, "state_bytes": nbytes, "disk_write_Bps": bw, "disk_ceiling_source": src,
                "durable_bound_s": bound, "checksum_backend": BACKEND}  # fmt: skip
-    notes = (f"synthetic {args.size_mb} MiB state saved {args.reps} times per writer (the first save of each "
-             "carina writer, which allocates its arenas, left out; medians), no training; carina-fork-buffered is "
-             "the fork writer with its child's pre-O_DIRECT path; bound = 1.2 x bytes / disk bw + 0.5 s; "
-             f"checksums {BACKEND}.")  # fmt: skip
+    notes = (
+        f"synthetic {args.size_mb} MiB state saved {args.reps} times per writer (the first save of each "
+        "carina writer, which allocates its arenas, left out; medians), no training; carina-fork-buffered is "
+        "the fork writer with its child's pre-O_DIRECT path (buffered, then checksums), "
+        "carina-fork-direct-serial with O_DIRECT but the checksums after the writes, carina-fork the grandchild "
+        f"writing while the child checksums; bound = 1.2 x bytes / disk bw + 0.5 s; checksums {BACKEND}."
+    )
     rec = make_record(name=args.name or "ckpt_fork_write_cpu", figures=figures, config=vars(args), metrics=metrics,
                       notes=notes, environment=env())  # fmt: skip
     print(write_record(rec), file=sys.stderr)

@@ -12,11 +12,11 @@
 #            carina process, torch.save (cold: its first save is timed), dcp.async_save, carina thread, one
 #            timed save each, none started after OFFLOAD_START_BY s          -> ckpt_offload7b$SUFFIX.json
 #            (~240 s: ~60 s setup, ~45 s process, ~40 s torch.save, ~90 s dcp.async_save)
-#  fork      bench_fork_write.py, a synthetic FORK_MB (default 4096 MiB) state, no training: the fork writer
-#            (its child now writes with O_DIRECT), the same writer with its old buffered child, process,
-#            torch.save, 2 saves each after an untimed one, the disk's bandwidth in the same run
-#                                                                        -> ckpt_fork_write$SUFFIX.json (~80 s)
-# HARD BUDGET: BUDGET_S (default 490 s); each step under `timeout`, clipped to what is left; each benchmark
+#  fork      bench_fork_write.py, a synthetic FORK_MB (default 2048 MiB) state, no training: the fork writer
+#            (a grandchild writes with O_DIRECT while the child checksums), the same writer with its child
+#            writing O_DIRECT then checksumming, and with its old buffered child, process, torch.save, 2 saves
+#            each after an untimed one, the disk's bandwidth in the same run -> ckpt_fork_write$SUFFIX.json (~90 s)
+# HARD BUDGET: BUDGET_S (default 500 s); each step under `timeout`, clipped to what is left; each benchmark
 # rewrites its record in $OUT/ckpt/ after every pair / method. Peak: host RAM ~95 GB, disk ~46 GB, /dev/shm ~48 GB.
 # Usage (repository root): OUT=<dir> bash benchmarks/ckpt/lane_h200_s7.sh
 # CPU proof with tiny sizes: DEVICE=cpu OUT=/tmp/ck bash benchmarks/ckpt/lane_h200_s7.sh
@@ -29,9 +29,9 @@ if [ "$DEVICE" = cpu ]; then
 else
   OV_PARAMS=350e6; OV_LIMIT=150; SUFFIX=_h200_s7
   OFF=(--model llama2-7b --layers "${OFFLOAD_LAYERS:-8}" --budget 24GiB --micro-batch 4 --seq-len 2048)
-  OFF_LIMIT=240; START_BY=150; FORK_MB=${FORK_MB:-4096}
+  OFF_LIMIT=240; START_BY=150; FORK_MB=${FORK_MB:-2048}
 fi
-BUDGET_S=${BUDGET_S:-490}
+BUDGET_S=${BUDGET_S:-500}
 PARTS=${PARTS:-overhead offload7b fork}   # which steps run, in this order
 OV_PARAMS=${OVERHEAD_PARAMS:-$OV_PARAMS}; OV_LIMIT=${OVERHEAD_LIMIT:-$OV_LIMIT}
 OFF_LIMIT=${OFFLOAD_LIMIT:-$OFF_LIMIT}; START_BY=${OFFLOAD_START_BY:-$START_BY}
@@ -51,7 +51,7 @@ has offload7b && step "offload7b ($DEVICE, ${OFF[*]})" "$OFF_LIMIT" \
   --methods "${OFFLOAD_METHODS:-carina-process,torch.save,dcp.async_save,carina-thread}" --cold torch.save \
   --budget-s "$START_BY" --name "ckpt_offload7b$SUFFIX"
 rm -rf "$WORK/run"
-has fork && step "fork ($DEVICE, ${FORK_MB} MiB synthetic state)" 90 \
+has fork && step "fork ($DEVICE, ${FORK_MB} MiB synthetic state)" 100 \
   "$PYTHON" $B/bench_fork_write.py --size-mb "$FORK_MB" --reps 2 --dir "$WORK/run" --name "ckpt_fork_write$SUFFIX"
 rm -rf "$WORK/run"
 echo "== summary (total $(($(date +%s) - start)) s of ${BUDGET_S}, status $status)" | tee -a "$LOG"

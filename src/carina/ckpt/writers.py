@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from carina.ckpt import forkwrite
 from carina.ckpt.commit import CommitJob, engine_writer, run_job
 from carina.core.errors import CarinaError, CheckpointError
 
@@ -252,7 +253,7 @@ def _child_main(job: CommitJob, image: memoryview, error_fd: int) -> None:
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        run_job(job, image)
+        run_job(job, image, forkwrite.forked_write)  # the bytes from a grandchild, the checksums meanwhile
     except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
         code = 1
         try:
