@@ -14,6 +14,10 @@ of ``--size-mb`` with (no training; ``carina ckpt bench``'s loop, ``quick_bench`
 
 and the disk's O_DIRECT write bandwidth (fio when present) in the same run; the
 figure is each writer's time until durable against ``bytes / bandwidth``.
+``metrics.fork_fault`` times a checksum of a touched shared mapping of the same
+size here and in a forked child: fork() does not copy a shared mapping's page
+tables, so every forked writer faults the whole arena in again (the persistent
+``process`` writer maps each arena once).
 
     python benchmarks/ckpt/bench_fork_write.py --size-mb 1024 --reps 3
 """
@@ -55,6 +59,42 @@ def fork_variant(name: str, size_mb: int, reps: int, root: str) -> dict[str, Any
     return {**row, "method": name}
 
 
+def fault_cost(size_mb: int) -> dict[str, float]:
+    """Checksum a touched shared anonymous mapping (an arena) here and in a forked child: the child's extra time.
+
+    fork() does not copy the page tables of a shared mapping, so each forked process faults every page of
+    the arena in again before it can read it (writing it with O_DIRECT or checksumming it alike).
+    """
+    import mmap
+    import os
+    import time
+
+    from carina.ckpt.checksum import crc32
+
+    mm = mmap.mmap(-1, size_mb << 20, flags=mmap.MAP_SHARED)
+    view = memoryview(mm)
+    for off in range(0, len(mm), 64 << 20):
+        mm[off : off + (64 << 20)] = b"\1" * min(64 << 20, len(mm) - off)
+    t0 = time.perf_counter()
+    crc32(view)
+    here = time.perf_counter() - t0
+    read_fd, write_fd = os.pipe()
+    if (pid := os.fork()) == 0:
+        t0 = time.perf_counter()
+        crc32(view)
+        os.write(write_fd, repr(time.perf_counter() - t0).encode())
+        os._exit(0)
+    os.close(write_fd)
+    child = float(os.read(read_fd, 64))
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    view.release()
+    mm.close()
+    gib = size_mb / 1024
+    return {"crc_here_s": round(here, 4), "crc_in_fork_child_s": round(child, 4),
+            "child_extra_s_per_GiB": round((child - here) / gib, 4)}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mb", type=int, default=1024)
@@ -81,7 +121,8 @@ def main() -> None:
                               ceiling_source=f"bytes / {src} ({bw / 1e9:.2f} GB/s, same run)",
                               peers={p: round(v, 4) for p, v in by.items() if p != m}))  # fmt: skip
     metrics = {"summary": rows, "state_bytes": nbytes, "disk_write_Bps": bw, "disk_ceiling_source": src,
-               "durable_bound_s": bound, "checksum_backend": BACKEND}  # fmt: skip
+               "durable_bound_s": bound, "checksum_backend": BACKEND,
+               "fork_fault": fault_cost(args.size_mb)}  # fmt: skip
     notes = (
         f"synthetic {args.size_mb} MiB state saved {args.reps} times per writer (the first save of each "
         "carina writer, which allocates its arenas, left out; medians), no training; carina-fork-buffered is "

@@ -1,8 +1,9 @@
 """Writers: who persists a staged snapshot while training goes on.
 
 =========  ==============================================================
-``fork``   CRUM-style: fork a child that writes the arena, fsyncs, commits
-           and ``_exit``\\ s. The child never touches torch or CUDA.
+``fork``   CRUM-style: fork a child that checksums the arena while its own
+           forked grandchild writes it (O_DIRECT, fsync), then commits and
+           ``_exit``\\ s (carina.ckpt.forkwrite). Neither touches torch or CUDA.
 ``process`` a persistent spawned process reading a shared-memory arena;
            only (job, arena name) crosses the pipe.
 ``thread`` a background thread in the trainer process.
