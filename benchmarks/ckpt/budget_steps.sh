@@ -33,3 +33,16 @@ lane_begin() {
   B=benchmarks/ckpt
   COMMON=(--model llama --device "$DEVICE" --dir "$WORK/run")
 }
+# lane_env: the ckpt device scripts' environment: has (PARTS membership), PYTHON, PYTHONPATH with src and the
+# carried wheels of .whl-ckpt (isal: ISA-L's CRC-32 for the checksums), records into $OUT/ckpt; prints the
+# checksum backend.
+has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+lane_env() {
+  PYTHON=${PYTHON:-python3}
+  export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
+  if ls .whl-ckpt/*.whl >/dev/null 2>&1; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-ckpt \
+      .whl-ckpt/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-ckpt
+  fi
+  "$PYTHON" -c "from carina.ckpt.checksum import BACKEND; print('checksum backend:', BACKEND)"
+}

@@ -23,16 +23,9 @@ BUDGET_S=${BUDGET_S:-480}
 PARTS=${PARTS:-stall overhead offload sizes}   # which steps run, in this order
 SIZES=${SIZES_ONLY:-$SIZES}; SIZE_WRITERS=${SIZE_WRITERS:-process,fork}; SIZE_PEERS=${SIZE_PEERS:-torch.save,dcp.async_save}
 SUFFIX=${SUFFIX_OVERRIDE:-$SUFFIX}
-has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-PYTHON=${PYTHON:-python3}
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/ckpt"
-if ls .whl-ckpt/*.whl >/dev/null 2>&1; then  # carried wheels (isal: ISA-L's CRC-32 for the checksums)
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-ckpt \
-    .whl-ckpt/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-ckpt
-fi
-"$PYTHON" -c "from carina.ckpt.checksum import BACKEND; print('checksum backend:', BACKEND)"
 # shellcheck source=benchmarks/ckpt/budget_steps.sh
 . "$(dirname "$0")/budget_steps.sh"
+lane_env
 lane_begin lane_s4.log "./.ckpt_s4.$$"
 
 has stall && step "stall ($DEVICE, llama $P1)" 100 \

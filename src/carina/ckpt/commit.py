@@ -19,6 +19,7 @@ else is debris that restore ignores and the next commit deletes.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -44,6 +45,7 @@ __all__ = [
     "fault_hook",
     "fsync_dir",
     "pwrite_file",
+    "write_file_direct",
     "prune",
     "run_job",
     "step_dir_name",
@@ -123,9 +125,63 @@ def _done() -> None:
 
 
 def pwrite_file(path: str, data: memoryview) -> Callable[[], None]:
-    """The forked child's :data:`Writer`: :func:`write_file`, done when it returns."""
-    write_file(path, data)
+    """The forked child's :data:`Writer`: :func:`write_file_direct`, done when it returns."""
+    write_file_direct(path, data)
     return _done
+
+
+#: O_DIRECT needs the buffer address, file offset and length aligned to the logical block size (<= 4096).
+_ALIGN = 4096
+
+
+def _address(data: memoryview) -> int | None:
+    """The buffer's address (None for a read-only buffer, whose address ctypes cannot take)."""
+    if data.readonly or not data.c_contiguous:
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(data))
+
+
+def write_file_direct(path: str, data: memoryview) -> None:
+    """Write ``data`` to a new file bypassing the page cache where it can, and fsync it (no threads).
+
+    The forked writer's path: the aligned head of a page-aligned buffer (a staging arena) goes out
+    with synchronous ``O_DIRECT`` ``pwrite``\\ s of up to :data:`CHUNK` bytes, the last partial block
+    through the page cache, then one fsync. Buffered writes copy every byte into the page cache and
+    leave it to writeback; on the H200 machine that path (``torch.save``'s too) ran at about a quarter
+    of the disk's O_DIRECT bandwidth. Falls back to :func:`write_file` where the buffer is unaligned or
+    read-only, or the filesystem refuses ``O_DIRECT`` (``EINVAL``, e.g. older tmpfs).
+    """
+    head = len(data) - len(data) % _ALIGN
+    addr = _address(data) if head else None
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag or addr is None or addr % _ALIGN:
+        return write_file(path, data)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return write_file(path, data)
+        raise
+    try:
+        done = 0
+        while done < head:
+            n = os.pwrite(fd, data[done : min(done + CHUNK, head)], done)
+            if n % _ALIGN:  # a short direct write (rare): finish through the page cache
+                done += n
+                break
+            done += n
+            _phase("data_chunk")
+        if done < len(data):
+            tail = os.open(path, os.O_WRONLY)
+            try:
+                while done < len(data):
+                    done += os.pwrite(tail, data[done : done + CHUNK], done)
+            finally:
+                os.close(tail)
+        os.fsync(fd)  # the inode's data and size, whichever descriptor wrote them
+    finally:
+        os.close(fd)
+    return None
 
 
 def write_file(path: str, data: memoryview) -> None:

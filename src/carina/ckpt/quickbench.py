@@ -31,8 +31,10 @@ def _torch_save(root: str, state: dict[str, Any], step: int) -> float:
     return time.perf_counter() - t0
 
 
-def quick_bench(size_mb: int, reps: int, writers: list[str], directory: str | None = None) -> list[dict[str, Any]]:
-    """Median blocking and time-to-durable (seconds) per writer, plus ``torch.save``."""
+def quick_bench(
+    size_mb: int, reps: int, writers: list[str], directory: str | None = None, torch_save: bool = True
+) -> list[dict[str, Any]]:
+    """Median blocking and time-to-durable (seconds) per writer, plus ``torch.save`` (unless not ``torch_save``)."""
     import torch
 
     from carina.ckpt.checkpointer import Checkpointer
@@ -59,11 +61,12 @@ def quick_bench(size_mb: int, reps: int, writers: list[str], directory: str | No
                         durable.append(time.perf_counter() - t0)
             rows.append({"method": f"carina-{name}", "blocking_s": statistics.median(blocked),
                          "durable_s": statistics.median(durable)})  # fmt: skip
-        os.makedirs(os.path.join(root, "torch"))
-        times = [_torch_save(os.path.join(root, "torch"), state, i) for i in range(reps)]
-        rows.append(
-            {"method": "torch.save", "blocking_s": statistics.median(times), "durable_s": statistics.median(times)}
-        )
+        if torch_save:
+            os.makedirs(os.path.join(root, "torch"))
+            times = [_torch_save(os.path.join(root, "torch"), state, i) for i in range(reps)]
+            rows.append(
+                {"method": "torch.save", "blocking_s": statistics.median(times), "durable_s": statistics.median(times)}
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for r in rows:

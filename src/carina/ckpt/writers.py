@@ -1,8 +1,9 @@
 """Writers: who persists a staged snapshot while training goes on.
 
 =========  ==============================================================
-``fork``   CRUM-style: fork a child that writes the arena, fsyncs, commits
-           and ``_exit``\\ s. The child never touches torch or CUDA.
+``fork``   CRUM-style: fork a child that checksums the arena while its own
+           forked grandchild writes it (O_DIRECT, fsync), then commits and
+           ``_exit``\\ s (carina.ckpt.forkwrite). Neither touches torch or CUDA.
 ``process`` a persistent spawned process reading a shared-memory arena;
            only (job, arena name) crosses the pipe.
 ``thread`` a background thread in the trainer process.
@@ -27,6 +28,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from carina.ckpt import forkwrite
 from carina.ckpt.commit import CommitJob, engine_writer, run_job
 from carina.core.errors import CarinaError, CheckpointError
 
@@ -252,7 +254,7 @@ def _child_main(job: CommitJob, image: memoryview, error_fd: int) -> None:
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        run_job(job, image)
+        run_job(job, image, forkwrite.forked_write)  # the bytes from a grandchild, the checksums meanwhile
     except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
         code = 1
         try:

@@ -1,0 +1,58 @@
+"""carina.ckpt.forkwrite: the fork writer's grandchild writes the file while the caller goes on."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import signal
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from carina.ckpt import commit
+from carina.ckpt.checksum import crc32
+from carina.ckpt.forkwrite import forked_write
+from carina.core.errors import CheckpointError
+
+
+def _start(path: str, data: memoryview) -> Callable[[], None]:
+    with warnings.catch_warnings():  # the test process may have threads; the grandchild only writes and exits
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return forked_write(path, data)
+
+
+def _arena(data: bytes) -> memoryview:
+    mm = mmap.mmap(-1, len(data) + 4096)
+    mm[: len(data)] = data
+    return memoryview(mm)[: len(data)]
+
+
+def test_the_grandchild_writes_the_exact_bytes(tmp_path: Path) -> None:
+    data = random.Random(1).randbytes(7 * 4096 + 123)
+    finish = _start(str(tmp_path / "f"), _arena(data))
+    crc = crc32(data)  # the caller's own work while the grandchild writes
+    finish()
+    assert (tmp_path / "f").read_bytes() == data
+    assert crc32((tmp_path / "f").read_bytes()) == crc
+
+
+def test_an_os_error_keeps_its_errno(tmp_path: Path) -> None:
+    finish = _start(str(tmp_path / "missing" / "f"), _arena(b"x" * 5000))
+    with pytest.raises(FileNotFoundError):
+        finish()
+
+
+def test_a_killed_grandchild_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    me = os.getpid()
+
+    def hook(phase: str, step: int) -> None:
+        if phase == "data_chunk" and os.getpid() != me:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(commit, "fault_hook", hook)
+    finish = _start(str(tmp_path / "f"), _arena(b"y" * 3 * 4096))
+    with pytest.raises(CheckpointError, match="grandchild killed by SIGKILL"):
+        finish()
