@@ -28,7 +28,9 @@ engine's pinned staging arena, which a gather of rows not aligned for
 
 Limits: one sequence counter of 31 bits per instance; a request's row count
 is known on the host when it is posted (the ids' values are not); the
-destination must stay untouched by other streams until :meth:`wait`.
+destination must stay untouched by other streams until :meth:`wait`; the
+copy stream is one of PyTorch's pooled streams, so a caller's stream drawn
+from the pool 32 streams later is the same stream and must not wait there.
 """
 
 from __future__ import annotations
