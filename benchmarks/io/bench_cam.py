@@ -35,6 +35,12 @@ pass pays for the writeback of another's rows. The last batch of each path is
 checked byte for byte against the file. With ``--device cpu`` the same code
 runs with host stores and waits (the numbers then say little).
 
+Hangs: every phase and pass says on stderr when it starts and how long it
+took; a pass still running after ``--pass-limit`` seconds (a phase after
+four times that) dumps every thread's stack to stderr and exits 1, and so
+does SIGTERM (the lane's ``timeout``). Session 6's first run through
+``RowGather`` hung with no output at all; this says where the next one is.
+
 Usage: python benchmarks/io/bench_cam.py --device cuda --file-size 1G --rows 1024 --batches 64 --repeats 5
 """
 
@@ -42,12 +48,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +66,19 @@ import torch
 from carina.core.bench import Figure, make_record, write_record
 from carina.io import IOConfig, IOEngine, RowGather, RowGatherConfig, aligned_buffer
 from carina.io.workload import parse_size
+
+
+@contextlib.contextmanager
+def watched(what: str, limit: float) -> Iterator[None]:
+    """Say on stderr that ``what`` starts and how long it took; past ``limit`` s dump all stacks and exit 1."""
+    print(f"[bench_cam] {what} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    faulthandler.dump_traceback_later(limit, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    print(f"[bench_cam] {what}: {time.perf_counter() - t0:.3f} s", file=sys.stderr, flush=True)
 
 
 def make_file(path: Path, size: int) -> None:
@@ -181,13 +203,14 @@ def run_passes(eng: IOEngine, h: Any, args: argparse.Namespace, w: torch.Tensor,
     last: dict[str, dict[str, Any]] = {}
     for rep in range(args.repeats):
         for name in PASSES[rep % 4 :] + PASSES[: rep % 4]:
-            if name == "io_only":
-                walls[name].append(io_only(eng, h, args, nrows))
-            elif name == "compute_only":
-                walls[name].append(compute_only(args, w, path))
-            else:
-                last[name] = gathered(eng, h, args, w, nrows, "gpu" if name == "gpu_initiated" else "host")
-                walls[name].append(last[name].pop("wall_s"))
+            with watched(f"round {rep} {name}", args.pass_limit):
+                if name == "io_only":
+                    walls[name].append(io_only(eng, h, args, nrows))
+                elif name == "compute_only":
+                    walls[name].append(compute_only(args, w, path))
+                else:
+                    last[name] = gathered(eng, h, args, w, nrows, "gpu" if name == "gpu_initiated" else "host")
+                    walls[name].append(last[name].pop("wall_s"))
     r: dict[str, Any] = {
         name: {
             "wall_s": walls[name],
@@ -227,22 +250,31 @@ def main() -> None:
     p.add_argument("--dir", type=Path, default=None)
     p.add_argument("--name", default="io_cam")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--pass-limit", type=float, default=15.0, help="seconds a pass may run before stacks are dumped")
     args = p.parse_args()
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # the lane's timeout shows the stacks
     size = parse_size(args.file_size) // args.row_bytes * args.row_bytes
     work = Path(tempfile.mkdtemp(prefix="carina-cam-", dir=args.dir))
     path = work / "rows.bin"
+    phase = 4 * args.pass_limit
     try:
-        make_file(path, size)
-        width = min(1024, args.row_bytes)
-        w = torch.randn(width, width, device=args.device) / width**0.5
+        with watched(f"file of {size} bytes", phase):
+            make_file(path, size)
+        with watched(f"CUDA context and matmul weights on {args.device}", phase):
+            width = min(1024, args.row_bytes)
+            w = torch.randn(width, width, device=args.device) / width**0.5
+            sync(args.device)
         arena = max(16 << 20, 4 * (args.ahead + 1) * args.rows * args.row_bytes)  # the host path's staging
         with IOEngine(IOConfig(backend="auto", queue_depth=args.queue_depth, bounce_bytes=arena)) as eng:
             h = eng.open(path, "r")
-            io_only(eng, h, args, size // args.row_bytes)  # warm-up (reads the same rows as every pass)
+            with watched("warm-up gathers", phase):
+                io_only(eng, h, args, size // args.row_bytes)  # reads the same rows as every pass
             r = run_passes(eng, h, args, w, path)
             r["backend"] = eng.backend.name
-        r["gpu_initiated"]["rows_equal"] = check(path, r["gpu_initiated"], args.row_bytes)
-        r["host_initiated"]["rows_equal"] = check(path, r["host_initiated"], args.row_bytes)
+            print("[bench_cam] engine closing", file=sys.stderr, flush=True)
+        with watched("checking the last batches against the file", phase):
+            r["gpu_initiated"]["rows_equal"] = check(path, r["gpu_initiated"], args.row_bytes)
+            r["host_initiated"]["rows_equal"] = check(path, r["host_initiated"], args.row_bytes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not (r["gpu_initiated"]["rows_equal"] and r["host_initiated"]["rows_equal"]):

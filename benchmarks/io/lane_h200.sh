@@ -12,13 +12,15 @@
 #   3. gemm_tf32 (50/35): the same in fp32 operands with TF32 matmuls (1.2 GB against 512 MB) -> io_gemm_tf32_h200
 #   4. cam (50/35): GPU-initiated gathers (CamGather: cuStreamWriteValue32 doorbell, cuStreamWaitValue32
 #      release) against host-initiated gathers, 64 batches of 1024 rows of 4 KiB, 5 rounds of the four passes
-#      (medians, every round kept, verdict beyond/inside noise), both paths through RowGather -> io_cam_h200
+#      (medians, every round kept, verdict beyond/inside noise), both paths through RowGather; each pass named
+#      on stderr as it starts, a pass past 12 s dumps every thread's stack and exits 1 -> io_cam_h200
 #   5. fio_buffers (25/18, needs fio): fio with 4 KiB-page against huge-page buffers, 1 MiB / 4 MiB / 4 KiB reads,
 #      device requests per read and the disk's limits (why the session-5 ceilings read low) -> io_fio_buffers_h200
 #   6. kvikio (40/10): the kvikio backend's conformance tests against real KvikIO (the stand-in class runs in
 #      CI) and 1 MiB reads vs fio, from the wheels in $CARRY/whl (made by benchmarks/io/fetch_h200_carry.sh)
 #      -> io_kvikio_h200, or a log line saying absent
-#   6b. gputests (40/10): the gpu-marked tests of RowGather and CamGather (log only, no record)
+#   6b. gputests (40/10): the gpu-marked tests of RowGather and CamGather, verbose, a stuck test's stacks dumped
+#      at 15 s (log only, no record)
 #   7. pairs_posix (20/15): the same pairs through the posix backend (one thread per queue slot), 4 KiB QD32
 #      and 1 MiB QD32 -> io_randread_posix_h200.json
 #   8. batching (25/15, needs fio): why a fixed queue depth loses IOPS to batches: completion times of 8/32/128
@@ -110,9 +112,11 @@ step gemm_bf16 30 45 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $G
 # shellcheck disable=SC2086
 step gemm_tf32 35 50 "$PYTHON" benchmarks/io/bench_gemm.py --device "$DEVICE" $GEMM --dtypes fp32 --dir "$SCRATCH" \
   "${FIOARG[@]}" --name "io_gemm_tf32_$TAG" --out "$REC"
+CAMDIR=$(mktemp -d "$SCRATCH/carina-cam-lane-XXXX")  # removed after the step: a stopped pass leaves its file
 # shellcheck disable=SC2086
 step cam 35 50 env CUDA_MODULE_LOADING=EAGER "$PYTHON" benchmarks/io/bench_cam.py --device "$DEVICE" $CAM \
-  --dir "$SCRATCH" --name "io_cam_$TAG" --out "$REC"
+  --pass-limit 12 --dir "$CAMDIR" --name "io_cam_$TAG" --out "$REC"
+rm -rf "$CAMDIR"
 
 if [ -n "$FIO" ]; then
   # shellcheck disable=SC2086
@@ -135,8 +139,12 @@ kvikio_step() {  # the kvikio backend: conformance, then 1 MiB reads against fio
   rm -rf "$T"
 }
 step kvikio 10 40 bash -c "$(declare -f kvikio_step); $(declare -p PYTHON CARRY KVREAD SCRATCH REC TAG FIOARG); kvikio_step"
-step gputests 10 40 env CUDA_MODULE_LOADING=EAGER "$PYTHON" -m pytest -q -p no:cacheprovider --tb=short -rfEs -m gpu \
-  tests/io/test_io_rows.py tests/io/test_io_cam.py
+# -v -s: each test's name as it starts; a test past 15 s dumps every thread's stack (faulthandler), and with
+# pytest-timeout installed one past 25 s is stopped with the stacks dumped (thread method: works inside C calls)
+PYTIMEOUT=()
+"$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTIMEOUT=(--timeout=25 --timeout-method=thread)
+step gputests 10 40 env CUDA_MODULE_LOADING=EAGER "$PYTHON" -m pytest -v -s -p no:cacheprovider --tb=short -rfEs -m gpu \
+  -o faulthandler_timeout=15 ${PYTIMEOUT[@]+"${PYTIMEOUT[@]}"} tests/io/test_io_rows.py tests/io/test_io_cam.py
 
 # shellcheck disable=SC2086
 step pairs_posix 15 20 "$PYTHON" benchmarks/io/bench_randread.py $POSIX --backend posix --dir "$SCRATCH" "${FIOARG[@]}" \

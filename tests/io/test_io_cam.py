@@ -12,6 +12,7 @@ from carina.core.errors import BackendUnavailable, ConfigError, IOEngineError
 from carina.io import CamConfig, CamGather, IOConfig, IOEngine
 from carina.io._cam import reference_rows
 from carina.io._memops import memops_unavailable_reason
+from carina.testing.io import MockBackend
 
 torch = pytest.importorskip("torch")
 
@@ -66,6 +67,27 @@ def test_a_bad_row_fails_its_own_ticket_only(data_file: Path) -> None:
         assert np.array_equal(dest[: 3 * ROW].numpy(), reference_rows(str(data_file), np.array([7, 0, 7]), ROW))
 
 
+def test_completion_words_are_written_in_sequence_order(data_file: Path) -> None:
+    # On CUDA the copy stream is shared and each copy first waits for the caller's stream to pass
+    # its post: a later request completed first would block an earlier one's completion word
+    # behind a post that may itself sit behind a stream wait for that earlier request (a deadlock).
+    mock = MockBackend(hold=True)  # the first request's read waits until release()
+    cfg = CamConfig(row_bytes=ROW, max_rows=8, slots=3, device="cpu")
+    with IOEngine(IOConfig(queue_depth=8), backend=mock) as eng, CamGather(eng, eng.open(data_file, "r"), cfg) as cam:
+        dest = torch.zeros(8 * ROW, dtype=torch.uint8)
+        first = cam.post(torch.tensor([7, 0]), dest)
+        second = cam.post(torch.tensor([ROWS]), torch.zeros(8 * ROW, dtype=torch.uint8))  # fails without a read
+        try:
+            with pytest.raises(IOEngineError, match="request 2 not served within 1 s"):
+                cam.host_wait(second, timeout=1)  # its outcome is known, but request 1 is not done
+        finally:
+            mock.release()
+        cam.host_wait(first, timeout=10)
+        with pytest.raises(IOEngineError, match="outside the file"):
+            cam.host_wait(second, timeout=10)
+        assert np.array_equal(dest[: 2 * ROW].numpy(), reference_rows(str(data_file), np.array([7, 0]), ROW))
+
+
 def test_bad_arguments_and_closed_gather_are_refused(data_file: Path) -> None:
     with pytest.raises(ConfigError, match="row_bytes"):
         CamConfig(row_bytes=0, max_rows=4)
@@ -106,10 +128,12 @@ def test_gpu_posted_requests_release_the_stream(data_file: Path) -> None:
         IOEngine(IOConfig(queue_depth=16)) as eng,
         CamGather(eng, eng.open(data_file, "r"), CamConfig(row_bytes=ROW, max_rows=32, slots=2, device="cuda")) as cam,
     ):
+        assert eng._staging is not None and eng._staging.pinned  # made here, not on the manager thread
         for _ in range(6):
             ids = rng.integers(0, ROWS, 32)
             dest = torch.empty(32 * ROW, dtype=torch.uint8, device="cuda")
             t = cam.post(torch.from_numpy(ids).cuda(), dest)
             cam.wait(t)
+            cam.host_wait(t, timeout=10)  # a stuck request fails here, not inside a blocking CUDA copy
             got = dest.cpu().numpy()  # runs after the stream's wait
             assert np.array_equal(got, reference_rows(str(data_file), ids, ROW))

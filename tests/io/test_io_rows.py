@@ -138,7 +138,9 @@ def test_auto_takes_the_gpu_path_for_a_cuda_destination(data_file: Path) -> None
         for _ in range(4):
             ids = rng.integers(0, ROWS, 32)
             dest = torch.empty(32, ROW, dtype=torch.uint8, device="cuda")
-            g.wait(g.post(torch.from_numpy(ids).cuda(), dest))
+            ticket = g.post(torch.from_numpy(ids).cuda(), dest)
+            g.wait(ticket)
+            g.host_wait(ticket, timeout=10)  # a stuck request fails here, not inside a blocking CUDA copy
             assert np.array_equal(dest.cpu().reshape(-1).numpy(), reference_rows(str(data_file), ids, ROW))
 
 
@@ -158,4 +160,5 @@ def test_the_host_path_fills_cuda_destinations_posted_from_a_side_stream(data_fi
                 tickets.append(g.post(torch.from_numpy(ids).cuda(), d))
         for ids, d, t in zip(requests, dests, tickets, strict=True):
             g.wait(t)  # the copy is queued on the current stream, before .cpu() below
+            g.host_wait(t, timeout=10)
             assert np.array_equal(d.cpu().reshape(-1).numpy(), reference_rows(str(data_file), ids, ROW))

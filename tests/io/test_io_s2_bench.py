@@ -49,6 +49,19 @@ def test_cam_benchmark_checks_both_paths_on_cpu(tmp_path: Path) -> None:
     assert rec["figures"][0]["peers"].keys() == {"host_initiated_gather"}
 
 
+def test_cam_benchmark_names_each_phase_and_dumps_every_stack_when_one_overruns(tmp_path: Path) -> None:
+    args = ["--device", "cpu", "--file-size", "4M", "--rows", "64", "--batches", "5", "--work", "1", "--repeats", "1"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_cam.py"), *args, "--pass-limit", "0.0001", "--dir", str(tmp_path),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(BENCH.parents[1] / "src")},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("[bench_cam] file of 4194304 bytes ...\nTimeout (0:00:00")  # named, then dumped
+    assert "(most recent call first)" in proc.stderr and "in make_file" in proc.stderr  # where the main thread was
+    assert not (tmp_path / "out").exists()  # no record from a stopped run
+
+
 def test_randread_pairs_without_fio_record_no_ceiling(tmp_path: Path) -> None:
     rec = _run("bench_randread.py", "--size", "8M", "--depths", "8", "--pairs", "1", "--seconds", "0.3",
                "--rows", "64", "--fio", "none", tmp_path=tmp_path)  # fmt: skip

@@ -16,9 +16,21 @@ synchronises with the GPU in the loop.
 With ``device="cpu"`` the same ring, manager and engine run with host stores
 and host waits in place of the stream operations (how CI tests it).
 
+Two rules keep the ring free of deadlocks on CUDA. Completion words are
+written in sequence order, whatever order the reads finish in: the copy
+stream is shared, and a later request's copy waits (on the device) for the
+caller's stream to pass that request's post, which may sit behind a stream
+wait for an earlier request; queued first, the later copy would block the
+earlier one's completion word forever. And the threads that serve requests
+allocate no CUDA or pinned memory while a stream may be waiting (the
+engine's pinned staging arena, which a gather of rows not aligned for
+``O_DIRECT`` bounces through, is made when the gather is).
+
 Limits: one sequence counter of 31 bits per instance; a request's row count
 is known on the host when it is posted (the ids' values are not); the
-destination must stay untouched by other streams until :meth:`wait`.
+destination must stay untouched by other streams until :meth:`wait`; the
+copy stream is one of PyTorch's pooled streams, so a caller's stream drawn
+from the pool 32 streams later is the same stream and must not wait there.
 """
 
 from __future__ import annotations
@@ -121,6 +133,9 @@ class CamGather:
         self._ids_np, self._staging_np = self._ids.numpy(), self._staging.numpy()
         self._copy_done: list[Any] = [None] * config.slots
         self._pending: dict[int, _Posted] = {}
+        self._finished: dict[int, tuple[_Posted, BaseException | None]] = {}  # read, its completion not yet written
+        self._next_done = 1  # the sequence number whose completion is written next
+        self._order = threading.Lock()
         self._errors: dict[int, BaseException] = {}
         self._seq = itertools.count(1)
         self._cond = threading.Condition()
@@ -133,6 +148,9 @@ class CamGather:
 
     def _setup_cuda(self, torch: Any) -> None:
         from carina.io._memops import MemOps
+        from carina.io._staging import _arena
+
+        _arena(self.engine)  # pinned bounce memory now, never on the manager thread while a stream waits
 
         self._ops = MemOps()
         self._posted_dev = self._ops.device_pointer(self._flags.data_ptr())
@@ -248,6 +266,14 @@ class CamGather:
         fut.add_done_callback(lambda f: self._finish(p, f.exception()))
 
     def _finish(self, p: _Posted, error: BaseException | None) -> None:
+        """Record ``p``'s outcome; write the completions that are now next in sequence order."""
+        with self._order:
+            self._finished[p.ticket.seq] = (p, error)
+            while self._next_done in self._finished:
+                self._complete(*self._finished.pop(self._next_done))
+                self._next_done += 1
+
+    def _complete(self, p: _Posted, error: BaseException | None) -> None:
         t = p.ticket
         if error is not None:
             self._errors[t.seq] = error
