@@ -367,6 +367,10 @@ class NbdServer:
         self.ports.append(bound)
         return bound
 
+    async def adopt(self, sock: Any) -> None:
+        """Serve a client socket accepted elsewhere (a front end's balanced accept loop)."""
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: NbdConnection(self), sock)
+
     async def close(self) -> None:
         """Stop listening, finish in-flight requests, close connections."""
         for server in self._servers:
