@@ -191,7 +191,9 @@ class _BalancedAccept:
         self.listener.close()
 
 
-def _frontend_main(config: Any, store: SharedBlockStore, listen: tuple[socket.socket, Any], index: int, conn: Any) -> None:
+def _frontend_main(
+    config: Any, store: SharedBlockStore, listen: tuple[socket.socket, Any], index: int, conn: Any
+) -> None:
     """One front-end process: its own loop, engine and slots over the shared store."""
     _die_with_parent()
     store.primary = False
@@ -230,7 +232,8 @@ async def _frontend(
         acceptor.close()
         await server.close()
         engine.close()
-    return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid()}
+    return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid(), "engine_batches": engine.batches,
+            "engine_jobs": engine.jobs}  # fmt: skip
 
 
 def _listen(host: str, port: int) -> socket.socket:

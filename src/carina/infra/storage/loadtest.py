@@ -14,8 +14,8 @@ same tier with header and payload in one process), ``forward`` (the tier with
 codec ``raw``: no compression) and ``nbdkit`` (nbdkit's plain file plugin, an
 uncompressed NBD server). A tier system named with ``-fe<N>`` (``inline-fe2``,
 ``process-fe2``) runs as ``N`` front-end processes on one port (``--frontends``);
-give fio as many connections (``clients``) for the kernel to spread them. CPU time is read from ``/proc`` for each server's
-process tree; the codec's single-core throughput on the data set is measured
+give fio as many connections (``clients``) to spread over them. CPU time is read
+from ``/proc`` for each server's process tree; the codec's single-core throughput on the data set is measured
 in-process as the ceiling.
 """
 
@@ -31,7 +31,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,13 +78,14 @@ class BenchConfig(Config):
         require(all(b >= 512 for b in self.block_sizes), "block sizes must be >= 512", key="block_sizes")
         require(self.seconds > 0 and self.runs > 0, "seconds and runs must be positive", key="runs")
         require(all(_valid_system(s) for s in self.systems), f"systems must be among {SYSTEMS}", key="systems")
-        require(self.clients >= 1 and self.iodepth % self.clients == 0, "iodepth must split over clients", key="clients")
+        split = self.clients >= 1 and self.iodepth % self.clients == 0
+        require(split, "iodepth must split evenly over clients", key="clients")
 
 
-def split_system(system: str) -> tuple[str, int]:
+def split_system(system: str, known: Collection[str] = SYSTEMS) -> tuple[str, int]:
     """``"process-fe2"`` -> ``("process", 2)``: the system and its front-end processes (1 without a suffix)."""
     base, sep, fe = system.rpartition("-fe")
-    if sep and fe.isdigit() and base in SYSTEMS and base != "nbdkit":
+    if sep and fe.isdigit() and base in known and base != "nbdkit":
         return base, int(fe)
     return system, 1
 
