@@ -5,8 +5,8 @@ Systems, all started at once per block size: ``nvcomp`` (the GPU engine, nvCOMP 
 ``thread`` / ``process`` (``--workers`` codec threads / worker processes), ``forward`` (codec raw: the tier with no
 payload work, the ceiling of any engine end to end); ``<system>-fe<N>`` is that system as ``N`` front-end processes
 (``--clients`` qemu-img processes drive it; ``--server-cpus`` pins every server to the same cores).
-Loads: fill (``qemu-img convert``, 16 in flight; then ``qemu-img compare`` checks every export bit-exact), reads and writes at queue depth 32
-(``qemu-img bench``; its writes carry a constant pattern byte).
+Loads: fill (``qemu-img convert``, 16 in flight; then ``qemu-img compare`` checks every export bit-exact), reads
+and writes at queue depth 32 (``qemu-img bench``; its writes carry a constant pattern byte).
 Data: Python sources and shared libraries, all-zero blocks dropped (every block exercises the codec).
 
 Run: python benchmarks/infra_storage/bench_tier_qemu.py --device cuda --systems nvcomp,torch,inline,process,forward \

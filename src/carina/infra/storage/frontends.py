@@ -276,9 +276,7 @@ def run_frontends(
         counts = mmap.mmap(-1, 8 * processes)  # connections per front end, shared (MAP_SHARED | MAP_ANONYMOUS)
         for i in range(processes):
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_frontend_main, args=(config, store, (listener, counts), i, child), daemon=False
-            )
+            proc = ctx.Process(target=_frontend_main, args=(config, store, (listener, counts), i, child), daemon=False)
             proc.start()
             child.close()
             procs.append(proc)
