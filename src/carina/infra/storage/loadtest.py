@@ -325,7 +325,13 @@ def _ceilings(image: Path, cfg: BenchConfig) -> dict[str, dict[str, float]]:
 
 
 def run_bench(
-    cfg: BenchConfig, *, record: bool = False, command: list[str] | None = None, name: str = "", main: str = "process"
+    cfg: BenchConfig,
+    *,
+    record: bool = False,
+    command: list[str] | None = None,
+    name: str = "",
+    main: str = "process",
+    notes: str = "",
 ) -> dict[str, Any]:
     """Run every system on every block size; optionally write a benchmark record."""
     for tool in ("fio", "nbdcopy", "nbdkit"):
@@ -346,5 +352,5 @@ def run_bench(
     if record:
         from carina.infra.storage.bench_record import write_bench_record
 
-        result["record"] = str(write_bench_record(cfg, result, command=command, name=name, main=main))
+        result["record"] = str(write_bench_record(cfg, result, command=command, name=name, main=main, notes=notes))
     return result
