@@ -24,7 +24,7 @@ def _peer(system: str) -> str:
     """The peer label of ``system``; ``-fe<N>`` systems name their front ends (``process-fe2``)."""
     base, sep, fe = system.rpartition("-fe")
     if sep and fe.isdigit() and base in _PEERS:
-        return f"{_PEERS[base]} x{fe} front ends"
+        return f"carina-{base} x{fe} front ends"
     return _PEERS.get(system, system)
 
 
