@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # carina.infra.storage, issue 12 goal (b) on the GPU machine: the GPU engines against the CPU middle tier ON THE SAME
 # CPU CORES, every server run as several front-end processes (--frontends) so the header path is not one core.
-# HARD TIME BUDGET: BUDGET_S (default 280 s, at most 300) of run time in all; give the call (or the lane) at least
+# HARD TIME BUDGET: BUDGET_S (default 290 s, at most 300) of run time in all; give the call (or the lane) at least
 # BUDGET_S + 20 s. Every step runs under `timeout` with min(its maximum, what is left) and is SKIPPED when less than
 # its minimum is left. Each record is written into $OUT/storage/ the moment its block size ends (bench_tier_qemu.py
 # rewrites its record after 4 KiB and again after 64 KiB), so a step cut short still leaves its 4 KiB rows.
@@ -16,10 +16,10 @@
 #   nvcomp-feFE   GPU engine (nvCOMP batches of the step's codec), FE front ends, one launch thread each
 #   forward-feFE  codec raw: no payload work at all, the ceiling of any engine behind FE front ends
 # Steps (max / min seconds), files in $OUT/storage/:
-#   smoke (10 / 3 s), smoke_nvcomp (15 / 5 s): the engines round-trip bit-exact (PASS/FAIL, no file)
-#   infra_storage_tier_h200_fe_lz4.json      step fe_lz4 (120 / 40 s): fill + bit-exact compare, reads and
+#   smoke (10 / 3 s), smoke_nvcomp (12 / 5 s): the engines round-trip bit-exact (PASS/FAIL, no file)
+#   infra_storage_tier_h200_fe_lz4.json      step fe_lz4 (130 / 40 s): fill + bit-exact compare, reads and
 #       constant writes (qemu-img bench), 4 KiB and 64 KiB; *_vs_inline_* and *_vs_inline-feFE_* ratios
-#   infra_storage_tier_h200_fe_deflate.json  step fe_deflate (120 / 40 s): the same with deflate
+#   infra_storage_tier_h200_fe_deflate.json  step fe_deflate (130 / 40 s; gets what is left): the same with deflate
 #   storage_h200_fe.log                      everything printed, and the summary table at the end
 # Carried: the git-ignored folder .debs-storage (bash benchmarks/infra_storage/fetch_h200_carry.sh builds it): qemu-img
 # and its libraries as .deb files, the lz4 wheel, nVIDIA nvCOMP as a .tar.xz (unpacked into /tmp; nothing installed).
@@ -40,7 +40,7 @@ if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
   BUDGET_S=${BUDGET_S:-280}; FE=${FE:-2}; SERVER_CPUS=${SERVER_CPUS:-0-1}; CLIENT_CPUS=${CLIENT_CPUS:-0-1}
   TIER=(--data 4M --seconds 0.2 --gpu-workers 1)
 else
-  BUDGET_S=${BUDGET_S:-280}; FE=${FE:-4}; SERVER_CPUS=${SERVER_CPUS:-0-$((FE - 1))}; CLIENT_CPUS=${CLIENT_CPUS:-8-15}
+  BUDGET_S=${BUDGET_S:-290}; FE=${FE:-4}; SERVER_CPUS=${SERVER_CPUS:-0-$((FE - 1))}; CLIENT_CPUS=${CLIENT_CPUS:-8-15}
   TIER=(--data 32M --seconds 0.5 --gpu-workers 1)
   nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
 fi
@@ -85,7 +85,7 @@ echo "qemu-img: ${QEMU:-NOT AVAILABLE (tier steps skipped)}; setup took $(($(dat
 command -v taskset >/dev/null || { echo "taskset missing: servers and clients NOT pinned"; SERVER_CPUS=; CLIENT_CPUS=; }
 
 step smoke 3 10 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py --device "$DEVICE"
-[ "$NVCOMP" = 1 ] && step smoke_nvcomp 5 15 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py \
+[ "$NVCOMP" = 1 ] && step smoke_nvcomp 5 12 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py \
   --device "$DEVICE" --engine nvcomp --codecs lz4,deflate
 GPU="torch-fe$FE"; [ "$NVCOMP" = 1 ] && GPU="nvcomp-fe$FE,torch-fe$FE"
 SYSTEMS="$GPU,inline,inline-fe$FE,process,forward-fe$FE"
@@ -95,7 +95,7 @@ for codec in lz4 deflate; do
   if [ "$codec" = lz4 ] && ! "$PYTHON" -c "import lz4.block" 2>/dev/null; then
     echo "== fe_lz4: SKIPPED (lz4 not importable)"; continue
   fi
-  step "fe_$codec" 40 120 "$PYTHON" benchmarks/infra_storage/bench_tier_qemu.py --device "$DEVICE" --qemu-img "$QEMU" \
+  step "fe_$codec" 40 130 "$PYTHON" benchmarks/infra_storage/bench_tier_qemu.py --device "$DEVICE" --qemu-img "$QEMU" \
     --systems "$SYSTEMS" --main "$GPU" --base "inline,inline-fe$FE" --blocks 4K,64K --codec "$codec" "${PIN[@]}" \
     "${TIER[@]}" --name "infra_storage_tier_h200_fe_$codec"
 done
