@@ -169,13 +169,18 @@ class _BalancedAccept:
         self.server, self.listener, self.counts, self.index = server, listener, counts, index
         self.loop = asyncio.get_running_loop()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
         self.loop.add_reader(listener.fileno(), self._ready)
+
+    def _resume(self) -> None:
+        if not self.closed:  # a back-off that ends after close() must not watch a closed (or reused) descriptor
+            self.loop.add_reader(self.listener.fileno(), self._ready)
 
     def _ready(self) -> None:
         self.counts[self.index] = len(self.server.connections)
         if self.counts[self.index] > self.counts.min():  # a less loaded front end takes it
             self.loop.remove_reader(self.listener.fileno())
-            self.loop.call_later(0.002, self.loop.add_reader, self.listener.fileno(), self._ready)
+            self.loop.call_later(0.002, self._resume)
             return
         try:
             sock, _ = self.listener.accept()
@@ -187,6 +192,7 @@ class _BalancedAccept:
         task.add_done_callback(self.tasks.discard)
 
     def close(self) -> None:
+        self.closed = True
         self.loop.remove_reader(self.listener.fileno())
         self.listener.close()
 
