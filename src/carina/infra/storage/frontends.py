@@ -177,7 +177,8 @@ class _BalancedAccept:
             self.loop.add_reader(self.listener.fileno(), self._ready)
 
     def _ready(self) -> None:
-        self.counts[self.index] = len(self.server.connections)
+        # connections served plus those accepted whose adoption is still under way (not yet counted there)
+        self.counts[self.index] = len(self.server.connections) + len(self.tasks)
         if self.counts[self.index] > self.counts.min():  # a less loaded front end takes it
             self.loop.remove_reader(self.listener.fileno())
             self.loop.call_later(0.002, self._resume)
