@@ -32,7 +32,9 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, EngineConfig]]:
     for kind in args.pools.split(","):
         counts = args.process_workers if kind == "process" and args.process_workers else args.workers
         for w in (int(x) for x in counts.split(",")):
-            out.append((f"{kind}x{w}", EngineConfig(kind=EngineKind(kind), workers=w)))
+            # loop_below=0: every job goes to the pool, so the figures stay the pool's own (the tier's default
+            # decompresses small blocks in the event loop, which would measure the loop here)
+            out.append((f"{kind}x{w}", EngineConfig(kind=EngineKind(kind), workers=w, loop_below=0)))
     return out
 
 

@@ -25,11 +25,19 @@ def main() -> None:
     ap.add_argument("--systems", default="process,inline,forward,nbdkit", help="comma-separated systems to run")
     ap.add_argument("--main", default="process", help="system the record's figures are about")
     ap.add_argument("--name", default="", help="record name (default infra_storage_tier[_<codec>])")
+    ap.add_argument("--clients", type=int, default=1, help="fio connections sharing queue depth 32 (-fe<N> systems)")
+    ap.add_argument("--notes", default="", help="added to the record's notes (e.g. what else ran on the machine)")
     args = ap.parse_args()
     systems = args.systems.split(",")
     if args.quick:
         cfg = BenchConfig(
-            image_bytes=32 << 20, seconds=1.0, runs=1, workers=args.workers, codec=args.codec, systems=systems
+            image_bytes=32 << 20,
+            seconds=1.0,
+            runs=1,
+            workers=args.workers,
+            codec=args.codec,
+            systems=systems,
+            clients=args.clients,
         )
     else:
         cfg = BenchConfig(
@@ -39,8 +47,11 @@ def main() -> None:
             workers=args.workers,
             codec=args.codec,
             systems=systems,
+            clients=args.clients,
         )
-    result = run_bench(cfg, record=not args.quick, command=["python", *sys.argv], name=args.name, main=args.main)
+    result = run_bench(
+        cfg, record=not args.quick, command=["python", *sys.argv], name=args.name, main=args.main, notes=args.notes
+    )
     for row in result["rows"]:
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}))
     print(json.dumps({"ceilings": result["ceilings"], "record": result.get("record")}))

@@ -104,6 +104,30 @@ def test_loop_overflow_runs_what_no_idle_worker_takes(kind: EngineKind) -> None:
         pool.close()
 
 
+@pytest.mark.parametrize("kind", [EngineKind.THREAD, EngineKind.PROCESS])
+def test_small_and_raw_decompressions_stay_in_the_event_loop(kind: EngineKind) -> None:
+    blocks = _blocks()
+    n = len(blocks)
+    engines = {below: build_engine(EngineConfig(kind=kind, workers=1, loop_below=below), arena_bytes=4 * n * B,
+                                   codec=Codec.ZLIB) for below in (2 * B, 1, 0)}  # fmt: skip
+    try:
+        for below, pool in engines.items():
+            _fill(pool, blocks)
+            got = asyncio.run(_compress_in_many_submits(pool, n, Codec.ZLIB))
+            assert pool.batches == 1 and pool.loop_pieces == 0  # compressions always go to the worker
+            _decompress_back(pool, got, blocks)  # bit-exact wherever it ran
+            assert (pool.batches, pool.loop_pieces) == ((1, 1) if below == 2 * B else (2, 0))
+            raw = [(Op.DECOMPRESS, c, (n + i) * B, ln, (2 * n + i) * B, B, crc)
+                   for i, [(c, ln, crc)] in enumerate(got) if c == Codec.RAW and ln]  # fmt: skip
+            assert len(raw) == 4 and [r[1] for r in asyncio.run(pool.run(raw))] == [B] * 4
+            assert pool.loop_pieces == (0 if below == 0 else 1 + (below == 2 * B))  # raw copies: here unless 0
+            for i in range(1, n, 4):  # the random blocks, copied back from their raw stored bytes
+                assert bytes(pool.arena.view[(2 * n + i) * B : (2 * n + i + 1) * B]) == blocks[i]
+    finally:
+        for pool in engines.values():
+            pool.close()
+
+
 def test_loop_overflow_is_only_for_the_cpu_pools() -> None:
     with pytest.raises(ConfigError, match="overflow"):
         EngineConfig(kind=EngineKind.INLINE, overflow=Overflow.LOOP)

@@ -9,7 +9,7 @@ import pytest
 from carina.core.errors import ConfigError
 from carina.infra.storage.bench_record import figures_from
 from carina.infra.storage.config import CodecName
-from carina.infra.storage.loadtest import BenchConfig, codec_throughput, make_dataset
+from carina.infra.storage.loadtest import BenchConfig, codec_throughput, make_dataset, split_system
 
 
 def test_dataset_is_a_real_ext4_image_that_compresses(tmp_path: Path) -> None:
@@ -38,9 +38,30 @@ def test_figures_carry_ceilings_and_same_run_peers() -> None:
     assert figs["compression_ratio_4k"].ratio_to_ceiling() == 0.8
 
 
+def test_front_end_systems_are_compared_with_the_one_process_tier() -> None:
+    row = {"randread_mb_s": 100.0, "randwrite_mb_s": 50.0, "fill_mb_s": 80.0, "randread_p99_ms": 9.0,
+           "randwrite_p99_ms": 12.0}  # fmt: skip
+    result = {
+        "rows": [
+            {"system": "process-fe2", "block": 4096, **{k: v * 1.5 for k, v in row.items()}},
+            {"system": "inline", "block": 4096, **row},
+        ],
+        "ceilings": {"4096": {"compress_mb_s": 200.0, "decompress_mb_s": 400.0, "ratio": 2.5}},
+    }
+    figs = {f.name: f for f in figures_from(result, main="process-fe2")}
+    assert figs["randwrite_mb_s_4k"].peers == {"carina-inline (1 process)": 50.0}
+    assert [figs[f"process-fe2_vs_inline_{op}_4k"].value for op in ("randread", "randwrite", "fill")] == [1.5] * 3
+    assert split_system("process-fe2") == ("process", 2) and split_system("inline") == ("inline", 1)
+    assert split_system("nbdkit-fe2") == ("nbdkit-fe2", 1)  # not a tier: no front ends
+
+
 def test_bench_config_rejects_unknown_systems() -> None:
     with pytest.raises(ConfigError, match="systems"):
         BenchConfig(systems=["ceph"])
+    with pytest.raises(ConfigError, match="systems"):
+        BenchConfig(systems=["nbdkit-fe2"])
+    with pytest.raises(ConfigError, match="clients"):
+        BenchConfig(systems=["inline-fe2"], clients=3)
 
 
 def test_importing_the_package_stays_light() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,29 @@ def test_snapshot_rates() -> None:
     assert snap["ops"] == {"write": 1, "read": 2} and snap["errors"] == 1
     assert snap["bytes_read"] == 8192 and snap["bytes_written"] == 4096
     assert s.snapshot()["iops"] == 0.0  # rates are per window
+
+
+def test_range_lock_excludes_overlaps_between_single_blocks_and_ranges() -> None:
+    from carina.infra.storage.tier import RangeLock
+
+    async def main() -> list[str]:
+        lock, order = RangeLock(), []
+
+        async def hold(name: str, lo: int, hi: int, delay: float) -> None:
+            async with lock.hold(lo, hi):
+                order.append(f"+{name}")
+                await asyncio.sleep(delay)
+                order.append(f"-{name}")
+
+        await asyncio.gather(
+            hold("a", 5, 6, 0.02),  # one block
+            hold("b", 0, 1 << 30, 0.0),  # a huge range over it: waits for a, without walking 2**30 blocks
+            hold("c", 7, 8, 0.0),  # a disjoint block: runs at once
+            hold("d", 5, 6, 0.0),  # the same block as a: waits
+        )
+        return order
+
+    order = asyncio.run(main())
+    assert order.index("+c") < order.index("-a")  # disjoint: not excluded
+    assert order.index("-a") < order.index("+b") and order.index("-a") < order.index("+d")
+    assert order.index("-c") < order.index("+b")  # b covers c's block too

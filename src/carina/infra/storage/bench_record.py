@@ -20,6 +20,14 @@ _PEERS = {
 }
 
 
+def _peer(system: str) -> str:
+    """The peer label of ``system``; ``-fe<N>`` systems name their front ends (``process-fe2``)."""
+    base, sep, fe = system.rpartition("-fe")
+    if sep and fe.isdigit() and base in _PEERS:
+        return f"carina-{base} x{fe} front ends"
+    return _PEERS.get(system, system)
+
+
 def _label(block: int) -> str:
     return f"{block >> 10}k" if block % 1024 == 0 else str(block)
 
@@ -43,16 +51,33 @@ def figures_from(result: dict[str, Any], *, main: str = "process") -> list[Figur
             ("randwrite_p99_ms", "ms", False, None, ""),
         ]
         for key, unit, better, ceiling, source in specs:
-            peers = {_PEERS[s]: float(r[key]) for s, r in rows.items() if s != main and s in _PEERS}
+            peers = {_peer(s): float(r[key]) for s, r in rows.items() if s != main}
             out.append(
                 Figure(name=f"{key}_{lab}", value=float(rows[main][key]), unit=unit, higher_is_better=better,
                        ceiling=ceiling, ceiling_source=source, peers=peers)
             )  # fmt: skip
+        out += _over_inline(rows, lab)
         if "ratio" in rows[main]:
             out.append(
                 Figure(name=f"compression_ratio_{lab}", value=float(rows[main]["ratio"]), unit="x",
                        ceiling=ceil["ratio"], ceiling_source="same codec over the same blocks, in-process")
             )  # fmt: skip
+    return out
+
+
+def _over_inline(rows: dict[str, dict[str, Any]], lab: str) -> list[Figure]:
+    """Every pool's MB/s over ``inline``'s (issue 12's baseline), per load: ``<system>_vs_inline_<load>_<block>``."""
+    if "inline" not in rows:
+        return []
+    out = []
+    for system, row in rows.items():
+        if system in ("inline", "forward", "nbdkit"):
+            continue
+        for load in ("randread", "randwrite", "fill"):
+            base = float(rows["inline"][f"{load}_mb_s"])
+            if base > 0:
+                out.append(Figure(name=f"{system}_vs_inline_{load}_{lab}", value=float(row[f"{load}_mb_s"]) / base,
+                                  unit="x", peers={}))  # fmt: skip
     return out
 
 
@@ -66,7 +91,13 @@ def _without_checkout_paths(value: Any, root: str) -> Any:
 
 
 def write_bench_record(
-    config: Any, result: dict[str, Any], *, command: list[str] | None = None, name: str = "", main: str = "process"
+    config: Any,
+    result: dict[str, Any],
+    *,
+    command: list[str] | None = None,
+    name: str = "",
+    main: str = "process",
+    notes: str = "",
 ) -> Path:
     """Write the record ``infra_storage_tier[_<codec>]`` (or ``name``) under ``benchmarks/results/<machine>/``.
 
@@ -81,11 +112,13 @@ def write_bench_record(
         "thread-loop = {w1} codec threads and the event loop running what no idle thread takes; "
         "inline = same tier, header and payload in one "
         "process; forward = carina tier with codec raw; nbdkit-file = plain uncompressed NBD server. Data set: ext4 "
-        "image with Python sources and shared libraries; fio writes carry 50%-compressible buffers. Load average "
-        "during the run: {l0} -> {l1} (other jobs shared the machine)."
+        "image with Python sources and shared libraries; fio writes carry 50%-compressible buffers. "
+        "-fe<N>: the system as N front-end processes (--frontends N, connections balanced). "
+        "fio: {clients} connection(s) sharing queue depth {qd}; client_cores is fio's own CPU. Load average "
+        "during the run: {l0} -> {l1} (other jobs shared the machine). {extra}"
     ).format(
         codec=config.codec.value,
-        qd=config.iodepth, w=config.workers, w1=max(config.workers - 1, 1),
+        qd=config.iodepth, w=config.workers, w1=max(config.workers - 1, 1), clients=config.clients, extra=notes,
         l0=[round(x, 1) for x in result["loadavg_start"]], l1=[round(x, 1) for x in result["loadavg_end"]],
     )  # fmt: skip
     from carina.core.doctor import collect

@@ -181,6 +181,11 @@ def decompress_block(codec: Codec, src: memoryview, dst: memoryview, crc: int) -
     return (int(codec), len(dst), crc)
 
 
+#: Codec by number: a dict lookup per job instead of ``Codec(n)`` (enum code in Python); unknown numbers still
+#: go through ``Codec(n)``, which raises.
+_CODECS = {int(c): c for c in Codec}
+
+
 def run_cpu_jobs(arena: memoryview, jobs: Sequence[Job]) -> list[Result]:
     """Run ``jobs`` against ``arena`` here, one block at a time on the CPU.
 
@@ -190,9 +195,9 @@ def run_cpu_jobs(arena: memoryview, jobs: Sequence[Job]) -> list[Result]:
     for op, codec, so, sl, do, dl, crc in jobs:
         src, dst = arena[so : so + sl], arena[do : do + dl]
         if op == Op.COMPRESS:
-            results.append(compress_block(Codec(codec), src, dst))
+            results.append(compress_block(_CODECS.get(codec) or Codec(codec), src, dst))
         else:
-            results.append(decompress_block(Codec(codec), src, dst, crc))
+            results.append(decompress_block(_CODECS.get(codec) or Codec(codec), src, dst, crc))
     return results
 
 

@@ -36,7 +36,8 @@ def _tier_config(**kw: Any) -> Any:
             codec=CodecName(kw["codec"]),
         ),
         engine=EngineConfig(kind=EngineKind(kw["engine"]), workers=kw["workers"], device=kw["device"],
-                            inflight=kw["inflight"], overflow=Overflow(kw["overflow"])),
+                            inflight=kw["inflight"], overflow=Overflow(kw["overflow"]),
+                            loop_below=parse_size(kw["loop_below"])),
         server=ServerConfig(
             host=kw["host"], port=kw["port"], export=kw["export"], slots=kw["slots"],
             loop=LoopKind(kw["loop"]), stats_interval=kw["stats_interval"],
@@ -59,6 +60,9 @@ def serve(
     overflow: Annotated[
         str, typer.Option(help="CPU pools, all workers busy: queue, or loop (the event loop runs the job).")
     ] = "queue",
+    loop_below: Annotated[
+        str, typer.Option(help="CPU pools: decompress blocks smaller than this in the event loop (0: never).")
+    ] = "16K",
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks one).")] = 10809,
     export: Annotated[str, typer.Option(help="Export name.")] = "carina",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from carina.core.backend import Backend
-from carina.infra.storage.codecs import Codec, Job, Result, codec_available, run_jobs
+from carina.infra.storage.codecs import Codec, Job, Op, Result, codec_available, run_jobs
 from carina.infra.storage.config import Overflow
 
 __all__ = ["Arena", "PayloadEngine"]
@@ -75,6 +75,9 @@ class PayloadEngine(Backend):
     min_piece_bytes = 0
     #: Most jobs in one piece (0: no limit); longer pieces are cut, keeping each message to a worker small.
     max_piece_jobs = 0
+    #: A request whose jobs all decompress blocks smaller than this (or blocks stored raw) runs right here,
+    #: in the event loop (0: never); set for the CPU pools from ``EngineConfig.loop_below``.
+    loop_below = 0
 
     def __init__(self, arena: Arena, *, max_inflight: int = 0, overflow: Overflow = Overflow.QUEUE) -> None:
         self.arena = arena
@@ -102,6 +105,9 @@ class PayloadEngine(Backend):
         """Run ``jobs`` (in one batch with any others submitted this loop turn)."""
         if not jobs:
             return []
+        if self.loop_below and all(_cheap(job, self.loop_below) for job in jobs):
+            self.loop_pieces += 1
+            return run_jobs(self.arena.view, jobs)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[Result]] = loop.create_future()
         self._pending.append((fut, list(jobs)))
@@ -207,6 +213,11 @@ class PayloadEngine(Backend):
     def close(self) -> None:
         """Stop workers and unmap the arena."""
         self.arena.close()
+
+
+def _cheap(job: Job, below: int) -> bool:
+    """Whether ``job`` costs less than a handoff: it decompresses a small block or copies a raw one."""
+    return job[0] == Op.DECOMPRESS and (job[5] < below or job[1] == Codec.RAW)  # job[5]: the block's size
 
 
 def _split(n_jobs: int, parts: int, min_jobs: int) -> list[tuple[int, int]]:

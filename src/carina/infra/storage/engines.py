@@ -121,6 +121,8 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
         from carina.infra.storage.torch_engine import TorchEngine
 
         engine = TorchEngine(arena_bytes, device=config.device, workers=config.workers, **gate)
+    if config.kind in (EngineKind.THREAD, EngineKind.PROCESS):
+        engine.loop_below = config.loop_below
     reasons = engine.unsupported_reasons(codec)
     if reasons:
         engine.close()

@@ -1,10 +1,10 @@
-"""Several NBD front-end processes serving one store: SO_REUSEPORT listeners over a shared block map.
+"""Several NBD front-end processes serving one store: one shared listening socket over a shared block map.
 
 The parent opens (and recovers) the store once, moves its block map and log
 tail into shared memory, reserves the port and forks ``N`` front ends. Each
 front end has its own event loop, payload engine and slots, and listens on the
-same port with ``SO_REUSEPORT``, so the kernel spreads client connections over
-them. What the front ends share, and how it stays consistent:
+same listening socket (made by the parent before the fork), so client
+connections spread over them (balanced, below). What the front ends share, and how it stays consistent:
 
 * **Log appends and map updates** happen under one cross-process lock: the
   record is written at the shared tail and mapped before the lock is released,
@@ -17,6 +17,13 @@ them. What the front ends share, and how it stays consistent:
   (retried), so two front ends never patch the same block from stale contents.
 * **FLUSH** is an fsync of the shared log by whichever front end gets it; the
   map checkpoint is written by the parent when it stops.
+
+**Connections are balanced.** The parent listens on one socket that every front
+end inherits; a front end accepts only while it serves no more connections than
+the least loaded one (the counts live in shared memory), so ``N`` clients land
+on ``N`` different front ends instead of wherever a hash puts them (with
+``SO_REUSEPORT``, which this used before, two connections shared one process
+half the time).
 
 A front end that dies takes the others down (the parent stops them all), and
 the parent dying kills the front ends (``PR_SET_PDEATHSIG``); acknowledged
@@ -155,7 +162,45 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _frontend_main(config: Any, store: SharedBlockStore, port: int, index: int, conn: Any) -> None:
+class _BalancedAccept:
+    """Accepts from the shared listening socket only while this front end is among the least loaded."""
+
+    def __init__(self, server: Any, listener: socket.socket, counts: np.ndarray, index: int) -> None:
+        self.server, self.listener, self.counts, self.index = server, listener, counts, index
+        self.loop = asyncio.get_running_loop()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+        self.loop.add_reader(listener.fileno(), self._ready)
+
+    def _resume(self) -> None:
+        if not self.closed:  # a back-off that ends after close() must not watch a closed (or reused) descriptor
+            self.loop.add_reader(self.listener.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        # connections served plus those accepted whose adoption is still under way (not yet counted there)
+        self.counts[self.index] = len(self.server.connections) + len(self.tasks)
+        if self.counts[self.index] > self.counts.min():  # a less loaded front end takes it
+            self.loop.remove_reader(self.listener.fileno())
+            self.loop.call_later(0.002, self._resume)
+            return
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return  # another front end was first
+        self.counts[self.index] += 1
+        task = self.loop.create_task(self.server.adopt(sock))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def close(self) -> None:
+        self.closed = True
+        self.loop.remove_reader(self.listener.fileno())
+        self.listener.close()
+
+
+def _frontend_main(
+    config: Any, store: SharedBlockStore, listen: tuple[socket.socket, Any], index: int, conn: Any
+) -> None:
     """One front-end process: its own loop, engine and slots over the shared store."""
     _die_with_parent()
     store.primary = False
@@ -163,12 +208,14 @@ def _frontend_main(config: Any, store: SharedBlockStore, port: int, index: int, 
     from carina.infra.storage.service import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory(config.server.loop)) as runner:
-        final = runner.run(_frontend(config, store, port, conn))
+        final = runner.run(_frontend(config, store, listen, index, conn))
     store.close()
     conn.send(("stopped", index, final))
 
 
-async def _frontend(config: Any, store: SharedBlockStore, port: int, conn: Any) -> dict[str, Any]:
+async def _frontend(
+    config: Any, store: SharedBlockStore, listen: tuple[socket.socket, Any], index: int, conn: Any
+) -> dict[str, Any]:
     from carina.infra.storage.engines import build_engine
     from carina.infra.storage.server import NbdServer
     from carina.infra.storage.stats import TierStats
@@ -183,24 +230,26 @@ async def _frontend(config: Any, store: SharedBlockStore, port: int, conn: Any) 
     server = NbdServer(tier, export=srv.export, stats=stats)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    listener, counts = listen
+    acceptor = _BalancedAccept(server, listener, np.frombuffer(counts, dtype=np.int64), index)
     try:
-        await server.listen(srv.host, port, reuse_port=True)
         conn.send(("ready", os.getpid()))
         await stop.wait()
     finally:
+        acceptor.close()
         await server.close()
         engine.close()
-    return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid()}
+    return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid(), "engine_batches": engine.batches,
+            "engine_jobs": engine.jobs}  # fmt: skip
 
 
-def _reserve_port(host: str, port: int) -> socket.socket:
-    """A bound (not listening) SO_REUSEPORT socket holding the port while the front ends bind it too."""
-    if not hasattr(socket, "SO_REUSEPORT"):
-        raise BackendUnavailable("several front ends need SO_REUSEPORT (Linux/BSD)")
+def _listen(host: str, port: int) -> socket.socket:
+    """The non-blocking listening socket every front end inherits and accepts from."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(256)
+    sock.setblocking(False)
     return sock
 
 
@@ -229,17 +278,18 @@ def run_frontends(
     pipes: list[Any] = []
     finals: list[dict[str, Any]] = []
     try:
-        probe = _reserve_port(srv.host, srv.port)
-        port = int(probe.getsockname()[1])
+        listener = _listen(srv.host, srv.port)
+        port = int(listener.getsockname()[1])
+        counts = mmap.mmap(-1, 8 * processes)  # connections per front end, shared (MAP_SHARED | MAP_ANONYMOUS)
         for i in range(processes):
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_frontend_main, args=(config, store, port, i, child), daemon=False)
+            proc = ctx.Process(target=_frontend_main, args=(config, store, (listener, counts), i, child), daemon=False)
             proc.start()
             child.close()
             procs.append(proc)
             pipes.append(parent)
         pids = [_await_ready(pipe, proc) for pipe, proc in zip(pipes, procs, strict=True)]
-        probe.close()
+        listener.close()  # the front ends hold their own copies
         if ready is not None:
             ready({"port": port, "pids": pids})
         sentinels = [p.sentinel for p in procs]

@@ -12,8 +12,10 @@ tier with codec threads), ``thread-loop`` (``workers - 1`` codec threads and the
 event loop running what no idle thread takes: ``Overflow.LOOP``), ``inline`` (the
 same tier with header and payload in one process), ``forward`` (the tier with
 codec ``raw``: no compression) and ``nbdkit`` (nbdkit's plain file plugin, an
-uncompressed NBD server). CPU time is read from ``/proc`` for each server's
-process tree; the codec's single-core throughput on the data set is measured
+uncompressed NBD server). A tier system named with ``-fe<N>`` (``inline-fe2``,
+``process-fe2``) runs as ``N`` front-end processes on one port (``--frontends``);
+give fio as many connections (``clients``) to spread over them. CPU time is read
+from ``/proc`` for each server's process tree; the codec's single-core throughput on the data set is measured
 in-process as the ceiling.
 """
 
@@ -29,7 +31,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +58,8 @@ class BenchConfig(Config):
         iodepth: Requests in flight per fio job.
         codec: Codec of the compressing tiers.
         workers: Worker processes of the ``process`` engine.
-        systems: Which of :data:`SYSTEMS` to run.
+        systems: Which of :data:`SYSTEMS` to run, each optionally with ``-fe<N>`` (``N`` front ends).
+        clients: fio connections (jobs) sharing ``iodepth`` (the total requests in flight).
     """
 
     image_bytes: int = 256 << 20
@@ -67,13 +70,29 @@ class BenchConfig(Config):
     codec: CodecName = CodecName.LZ4
     workers: int = 2
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    clients: int = 1
 
     def validate(self) -> None:
         """Check ranges and names."""
         require(self.image_bytes >= 16 << 20, "image_bytes must be at least 16 MiB", key="image_bytes")
         require(all(b >= 512 for b in self.block_sizes), "block sizes must be >= 512", key="block_sizes")
         require(self.seconds > 0 and self.runs > 0, "seconds and runs must be positive", key="runs")
-        require(set(self.systems) <= set(SYSTEMS), f"systems must be among {SYSTEMS}", key="systems")
+        require(all(_valid_system(s) for s in self.systems), f"systems must be among {SYSTEMS}", key="systems")
+        split = self.clients >= 1 and self.iodepth % self.clients == 0
+        require(split, "iodepth must split evenly over clients", key="clients")
+
+
+def split_system(system: str, known: Collection[str] = SYSTEMS) -> tuple[str, int]:
+    """``"process-fe2"`` -> ``("process", 2)``: the system and its front-end processes (1 without a suffix)."""
+    base, sep, fe = system.rpartition("-fe")
+    if sep and fe.isdigit() and base in known and base != "nbdkit":
+        return base, int(fe)
+    return system, 1
+
+
+def _valid_system(system: str) -> bool:
+    base, frontends = split_system(system)
+    return base in SYSTEMS and 1 <= frontends <= 64
 
 
 def make_dataset(path: Path, nbytes: int) -> Path:
@@ -191,10 +210,11 @@ def start_target(system: str, work: Path, cfg: BenchConfig, block: int) -> Itera
     else:
         store = work / f"store-{system}-{block}"
         shutil.rmtree(store, ignore_errors=True)
-        engine, codec = ("inline", "raw") if system == "forward" else (system, cfg.codec.value)
-        workers, extra = cfg.workers, []
-        if system == "thread-loop":  # as many threads as ``thread`` has, the loop being one of them
-            engine, workers, extra = "thread", max(cfg.workers - 1, 1), ["--overflow", "loop"]
+        base, frontends = split_system(system)
+        engine, codec = ("inline", "raw") if base == "forward" else (base, cfg.codec.value)
+        workers, extra = cfg.workers, ["--frontends", str(frontends)] if frontends > 1 else []
+        if base == "thread-loop":  # as many threads as ``thread`` has, the loop being one of them
+            engine, workers, extra = "thread", max(cfg.workers - 1, 1), [*extra, "--overflow", "loop"]
         cmd = [sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0", "--store", str(store),
                "--size", size, "--block-size", str(block), "--engine", engine, "--codec", codec,
                "--workers", str(workers), "--slots", "64", "--stats-interval", "3600", *extra]  # fmt: skip
@@ -223,13 +243,18 @@ def _wait_port(port: int, proc: subprocess.Popen[str]) -> None:
 
 
 def fio(url: str, *, rw: str, block: int, cfg: BenchConfig) -> dict[str, float]:
-    """One fio run against ``url``; MB/s, IOPS and completion-latency percentiles."""
+    """One fio run against ``url``; MB/s, IOPS, completion-latency percentiles and fio's own cores.
+
+    ``cfg.clients`` fio jobs (one connection each) share the queue depth; their figures are summed.
+    """
     cmd = ["fio", "--name=carina", "--ioengine=nbd", f"--uri={url}", f"--rw={rw}", f"--bs={block}",
-           f"--iodepth={cfg.iodepth}", f"--size={cfg.image_bytes}", "--time_based", f"--runtime={cfg.seconds}",
+           f"--iodepth={cfg.iodepth // cfg.clients}", f"--numjobs={cfg.clients}", "--group_reporting",
+           f"--size={cfg.image_bytes}", "--time_based", f"--runtime={cfg.seconds}",
            "--ramp_time=1", "--randrepeat=1", "--output-format=json", "--buffer_compress_percentage=50",
            "--refill_buffers", f"--buffer_compress_chunk={block}"]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    job = json.loads(out[out.index("{") :])["jobs"][0]["read" if "read" in rw else "write"]
+    group = json.loads(out[out.index("{") :])["jobs"][0]
+    job = group["read" if "read" in rw else "write"]
     pct = job["clat_ns"]["percentile"]
     return {
         "mb_s": job["bw_bytes"] / 1e6,
@@ -237,6 +262,7 @@ def fio(url: str, *, rw: str, block: int, cfg: BenchConfig) -> dict[str, float]:
         "p50_ms": pct["50.000000"] / 1e6,
         "p99_ms": pct["99.000000"] / 1e6,
         "bytes": job["io_bytes"],
+        "client_cores": (group["usr_cpu"] + group["sys_cpu"]) / 100 * cfg.clients,  # group_reporting averages jobs
     }
 
 
@@ -281,7 +307,7 @@ def _measure_block(work: Path, image: Path, block: int, cfg: BenchConfig) -> lis
                 for t in targets[k % len(targets) :] + targets[: k % len(targets)]:
                     runs[t.system].append({"load1": os.getloadavg()[0], **_fio_with_cpu(t, rw, block, cfg)})
             for system, got in runs.items():
-                for key in ("mb_s", "iops", "p50_ms", "p99_ms", "cpu_s_per_gb", "server_cores"):
+                for key in ("mb_s", "iops", "p50_ms", "p99_ms", "cpu_s_per_gb", "server_cores", "client_cores"):
                     rows[system][f"{rw}_{key}"] = statistics.median(r[key] for r in got)
                 rows[system][f"{rw}_mb_s_runs"] = [round(r["mb_s"], 2) for r in got]
                 rows[system][f"{rw}_load1_runs"] = [round(r["load1"], 2) for r in got]
@@ -299,7 +325,13 @@ def _ceilings(image: Path, cfg: BenchConfig) -> dict[str, dict[str, float]]:
 
 
 def run_bench(
-    cfg: BenchConfig, *, record: bool = False, command: list[str] | None = None, name: str = "", main: str = "process"
+    cfg: BenchConfig,
+    *,
+    record: bool = False,
+    command: list[str] | None = None,
+    name: str = "",
+    main: str = "process",
+    notes: str = "",
 ) -> dict[str, Any]:
     """Run every system on every block size; optionally write a benchmark record."""
     for tool in ("fio", "nbdcopy", "nbdkit"):
@@ -320,5 +352,5 @@ def run_bench(
     if record:
         from carina.infra.storage.bench_record import write_bench_record
 
-        result["record"] = str(write_bench_record(cfg, result, command=command, name=name, main=main))
+        result["record"] = str(write_bench_record(cfg, result, command=command, name=name, main=main, notes=notes))
     return result

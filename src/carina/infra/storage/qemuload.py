@@ -38,7 +38,7 @@ from typing import Any
 
 from carina.core.config import Config, require
 from carina.core.errors import BackendUnavailable
-from carina.infra.storage.loadtest import cpu_seconds
+from carina.infra.storage.loadtest import cpu_seconds, split_system
 
 __all__ = ["QEMU_SYSTEMS", "QemuLoadConfig", "run_qemu_load"]
 
@@ -64,6 +64,12 @@ class QemuLoadConfig(Config):
         seconds: Target length of each bench run.
         rounds: Rounds of every load on every system (medians reported).
         qemu_img: The qemu-img executable.
+        clients: qemu-img processes (one connection each) per load, sharing queue depth 32 (reads, writes)
+            or each filling its own slice of the export (16 in flight each); a system named ``<system>-fe<N>``
+            runs ``N`` front-end processes, which need as many clients to be busy.
+        server_cpus: ``taskset -c`` list every server (its front ends, workers and threads) is pinned to,
+            the same cores for every system (``""``: not pinned).
+        client_cpus: ``taskset -c`` list of the qemu-img clients (``""``: not pinned).
     """
 
     systems: list[str] = field(default_factory=lambda: ["torch", "inline", "thread", "forward"])
@@ -75,10 +81,15 @@ class QemuLoadConfig(Config):
     seconds: float = 1.0
     rounds: int = 1
     qemu_img: str = "qemu-img"
+    clients: int = 1
+    server_cpus: str = ""
+    client_cpus: str = ""
 
     def validate(self) -> None:
         """Check names and ranges."""
-        require(set(self.systems) <= set(QEMU_SYSTEMS), f"systems must be among {sorted(QEMU_SYSTEMS)}", key="systems")
+        known = all(split_system(s, QEMU_SYSTEMS)[0] in QEMU_SYSTEMS for s in self.systems)
+        require(known, f"systems must be among {sorted(QEMU_SYSTEMS)} (optionally -fe<N>)", key="systems")
+        require(1 <= self.clients <= 32 and 32 % self.clients == 0, "clients must divide 32", key="clients")
         require(all(b >= 512 and b & (b - 1) == 0 for b in self.blocks), "blocks: powers of two >= 512", key="blocks")
         require(self.seconds > 0 and self.rounds > 0, "seconds and rounds must be positive", key="seconds")
 
@@ -93,14 +104,20 @@ class _Server:
     stopped: bool = False
 
 
+def _pin(cpus: str) -> list[str]:
+    return ["taskset", "-c", cpus] if cpus else []
+
+
 def _start(cfg: QemuLoadConfig, system: str, block: int, size: int, work: Path) -> _Server:
-    engine, codec = QEMU_SYSTEMS[system]
+    base, frontends = split_system(system, QEMU_SYSTEMS)
+    engine, codec = QEMU_SYSTEMS[base]
     store = work / f"store-{system}-{block}"
     shutil.rmtree(store, ignore_errors=True)
-    cmd = [sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0", "--store", str(store),
+    cmd = [*_pin(cfg.server_cpus), sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0",
+           "--store", str(store),
            "--size", str(size), "--block-size", str(block), "--engine", engine,
            "--codec", cfg.codec if codec == "cpu" else codec, "--device", cfg.device,
-           "--workers", str(cfg.gpu_workers if system in _GPU else cfg.workers),
+           "--workers", str(cfg.gpu_workers if base in _GPU else cfg.workers), "--frontends", str(frontends),
            "--slots", "64", "--stats-interval", "3600"]  # fmt: skip
     return _Server(system, block, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
                    store)  # fmt: skip
@@ -133,33 +150,60 @@ def _stop(server: _Server) -> dict[str, Any]:
     return {}
 
 
-def _timed(server: _Server, cmd: list[str]) -> tuple[float, float, str]:
-    """Run a client command; its wall seconds, the server's CPU-seconds meanwhile, and its stdout."""
+def _timed(server: _Server, cmds: list[list[str]], cpus: str = "") -> tuple[float, float, list[str]]:
+    """Run client commands side by side; the wall seconds, the server's CPU-seconds meanwhile, each stdout."""
     c0, t0 = cpu_seconds(server.proc.pid), time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return time.perf_counter() - t0, cpu_seconds(server.proc.pid) - c0, out
+    procs = [subprocess.Popen([*_pin(cpus), *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cmd in cmds]  # fmt: skip
+    outs = [proc.communicate() for proc in procs]
+    wall, cpu = time.perf_counter() - t0, cpu_seconds(server.proc.pid) - c0
+    for proc, (_, err) in zip(procs, outs, strict=True):
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, proc.args, stderr=err)
+    return wall, cpu, [out for out, _ in outs]
 
 
-def _bench(cfg: QemuLoadConfig, server: _Server, *, write: bool) -> dict[str, float]:
+def _bench(cfg: QemuLoadConfig, server: _Server, *, write: bool, size: int) -> dict[str, float]:
     """``qemu-img bench`` at queue depth 32, rerun once with a count scaled to about ``cfg.seconds``."""
-    b = server.block
-    count = max(256, (16 << 20) // b)
+    b, n = server.block, cfg.clients
+    count = max(256, (16 << 20) // b // n)
     for _ in range(2):
-        cmd = [cfg.qemu_img, "bench", "-f", "raw", "-d", "32", "-s", str(b), "-c", str(count),
-               *(["-w"] if write else []), server.url]  # fmt: skip
-        wall, cpu, out = _timed(server, cmd)
-        m = re.search(r"Run completed in ([0-9.]+) seconds", out)
-        secs = float(m.group(1)) if m else wall
+        cmd = [cfg.qemu_img, "bench", "-f", "raw", "-d", str(32 // n), "-s", str(b), "-c", str(count),
+               *(["-w"] if write else [])]  # fmt: skip
+        # each client starts at its own slice (-o; offsets wrap at the end), so n clients read different blocks
+        starts = [k * size // n // b * b for k in range(n)]
+        wall, cpu, outs = _timed(server, [[*cmd, "-o", str(at), server.url] for at in starts],
+                                 cfg.client_cpus)  # fmt: skip
+        took = [re.search(r"Run completed in ([0-9.]+) seconds", out) for out in outs]
+        secs = max(float(m.group(1)) for m in took) if all(took) else wall  # type: ignore[union-attr]
         if secs >= 0.5 * cfg.seconds:
             break
-        count = min(int(count * cfg.seconds / max(secs, 1e-3)), max(count, (4 << 30) // b))
-    nbytes = count * b
+        count = min(int(count * cfg.seconds / max(secs, 1e-3)), max(count, (4 << 30) // b // n))
+    nbytes = n * count * b
     return {"mb_s": nbytes / secs / 1e6, "cpu_s_per_gb": cpu / (nbytes / 1e9), "requests": float(count)}
 
 
+def _fill_commands(cfg: QemuLoadConfig, server: _Server, image: Path) -> list[list[str]]:
+    """One ``qemu-img convert`` per client, each writing its own slice of the export (one: the whole image)."""
+    nbytes = image.stat().st_size
+    if cfg.clients == 1:
+        return [[cfg.qemu_img, "convert", "-n", "-m", "16", "-W", "-f", "raw", "-O", "raw", str(image), server.url]]
+    m = re.match(r"nbd://([^:/]+):(\d+)/(.*)", server.url)
+    assert m is not None, server.url
+    host, port, export = m.groups()
+    step = -(-nbytes // cfg.clients // server.block) * server.block
+    cmds = []
+    for lo in range(0, nbytes, step):
+        span = f"offset={lo},size={min(step, nbytes - lo)}"
+        cmds.append([cfg.qemu_img, "convert", "-n", "-m", "16", "-W",
+                     "--image-opts", f"driver=raw,{span},file.driver=file,file.filename={image}",
+                     "--target-image-opts", f"driver=raw,{span},file.driver=nbd,file.server.type=inet,"
+                     f"file.server.host={host},file.server.port={port},file.export={export}"])  # fmt: skip
+    return cmds
+
+
 def _fill(cfg: QemuLoadConfig, server: _Server, image: Path) -> dict[str, float]:
-    cmd = [cfg.qemu_img, "convert", "-n", "-m", "16", "-W", "-f", "raw", "-O", "raw", str(image), server.url]
-    wall, cpu, _ = _timed(server, cmd)
+    wall, cpu, _ = _timed(server, _fill_commands(cfg, server, image), cfg.client_cpus)
     nbytes = image.stat().st_size
     from carina.infra.storage.store import read_store_summary
 
@@ -186,7 +230,7 @@ def _load_block(cfg: QemuLoadConfig, servers: list[_Server], image: Path) -> lis
         runs: dict[str, list[dict[str, float]]] = {s.system: [] for s in servers}
         for k in range(cfg.rounds):
             for s in servers[k % len(servers) :] + servers[: k % len(servers)]:
-                runs[s.system].append(_bench(cfg, s, write=op != "read"))
+                runs[s.system].append(_bench(cfg, s, write=op != "read", size=image.stat().st_size))
         for system, got in runs.items():
             for key in ("mb_s", "cpu_s_per_gb"):
                 rows[system][f"{op}_{key}"] = _median([r[key] for r in got])
@@ -219,7 +263,9 @@ def run_qemu_load(cfg: QemuLoadConfig, image: Path, *, work: Path, on_block: Any
             got = _load_block(cfg, these, image)
             for server, row in zip(these, got, strict=True):  # the engine's batching over all loads of the block
                 final = _stop(server)
-                row["engine_jobs_per_batch"] = final.get("engine_jobs", 0) / max(final.get("engine_batches", 0), 1)
+                ends = final.get("frontends") or [final]  # -fe<N>: one final per front end
+                jobs, batches = (sum(f.get(k, 0) for f in ends) for k in ("engine_jobs", "engine_batches"))
+                row["engine_jobs_per_batch"] = jobs / max(batches, 1)
             rows += got
             if on_block is not None:
                 on_block(rows)

@@ -29,6 +29,7 @@ log = logging.getLogger("carina.infra.storage")
 
 _STAGING = 256 << 10
 _KNOWN_FLAGS = int(p.CmdFlag.FUA | p.CmdFlag.NO_HOLE | p.CmdFlag.DF | p.CmdFlag.FAST_ZERO)
+_FUA = int(p.CmdFlag.FUA)  # a plain int: ``int & IntFlag`` runs enum code in Python on every request
 _NAMES: dict[int, str] = {p.Cmd.READ: "read", p.Cmd.WRITE: "write", p.Cmd.FLUSH: "flush", p.Cmd.TRIM: "trim",
           p.Cmd.WRITE_ZEROES: "write_zeroes", p.Cmd.CACHE: "cache"}  # fmt: skip
 
@@ -254,11 +255,11 @@ class NbdConnection(asyncio.BufferedProtocol):
         self.expect(p.REQUEST_HEADER, self._on_request)
 
     async def _commit(self, req: p.Request, lease: WriteLease, t0: float) -> None:
-        await self._run(req, t0, self.tier.commit(lease, fua=bool(req.flags & p.CmdFlag.FUA)))
+        await self._run(req, t0, self.tier.commit(lease, fua=bool(req.flags & _FUA)))
 
     async def _serve(self, req: p.Request) -> None:
         t0 = asyncio.get_running_loop().time()
-        fua = bool(req.flags & p.CmdFlag.FUA)
+        fua = bool(req.flags & _FUA)
         if req.cmd == p.Cmd.READ:
             await self._read(req, t0)
         elif req.cmd == p.Cmd.FLUSH:
@@ -366,6 +367,10 @@ class NbdServer:
         bound = int(server.sockets[0].getsockname()[1])
         self.ports.append(bound)
         return bound
+
+    async def adopt(self, sock: Any) -> None:
+        """Serve a client socket accepted elsewhere (a front end's balanced accept loop)."""
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: NbdConnection(self), sock)
 
     async def close(self) -> None:
         """Stop listening, finish in-flight requests, close connections."""

@@ -24,9 +24,16 @@ class LatencyHistogram:
 
     def add(self, seconds: float) -> None:
         """Record one latency."""
-        us = max(seconds * 1e6, 1.0)
-        frac, exp = math.frexp(us)  # us = frac * 2**exp, frac in [0.5, 1)
-        idx = min((exp - 1) * _SUB + int((frac * 2 - 1) * _SUB), len(self.counts) - 1)
+        self.add_at(self.bucket(seconds))
+
+    @staticmethod
+    def bucket(seconds: float) -> int:
+        """The bucket a latency falls in."""
+        frac, exp = math.frexp(max(seconds * 1e6, 1.0))  # us = frac * 2**exp, frac in [0.5, 1)
+        return min((exp - 1) * _SUB + int((frac * 2 - 1) * _SUB), 30 * _SUB - 1)
+
+    def add_at(self, idx: int) -> None:
+        """Count one latency in bucket ``idx`` (from :meth:`bucket`)."""
         self.counts[idx] += 1
         self.total += 1
 
@@ -72,8 +79,9 @@ class TierStats:
             self.bytes_written += nbytes
         if not ok:
             self.errors += 1
-        self.latency.add(seconds)
-        self.window.add(seconds)
+        idx = LatencyHistogram.bucket(seconds)  # one bucket computation for both histograms
+        self.latency.add_at(idx)
+        self.window.add_at(idx)
 
     def snapshot(self, store: Any = None) -> dict[str, Any]:
         """Totals plus rates since the previous snapshot (IOPS, MB/s, p50/p99 of the window)."""

@@ -104,10 +104,20 @@ class RangeLock:
     """Excludes overlapping block ranges (read-modify-write and map updates of a block)."""
 
     def __init__(self) -> None:
-        self._held: list[tuple[int, int]] = []
+        self._held: list[tuple[int, int]] = []  # ranges of several blocks
+        self._single: set[int] = set()  # single blocks (most requests: one block), checked in O(1)
         self._waiters: list[asyncio.Future[None]] = []
 
     def _free(self, lo: int, hi: int) -> bool:
+        if hi - lo == 1:
+            if lo in self._single:
+                return False
+        elif self._single:  # the smaller side: blocks of the range, or the single blocks held
+            if hi - lo <= len(self._single):
+                if any(b in self._single for b in range(lo, hi)):
+                    return False
+            elif any(lo <= b < hi for b in self._single):
+                return False
         return all(hi <= a or b <= lo for a, b in self._held)
 
     @contextlib.asynccontextmanager
@@ -117,11 +127,18 @@ class RangeLock:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             await fut
-        self._held.append((lo, hi))
+        single = hi - lo == 1
+        if single:
+            self._single.add(lo)
+        else:
+            self._held.append((lo, hi))
         try:
             yield
         finally:
-            self._held.remove((lo, hi))
+            if single:
+                self._single.discard(lo)
+            else:
+                self._held.remove((lo, hi))
             waiters, self._waiters = self._waiters, []
             for fut in waiters:
                 if not fut.done():

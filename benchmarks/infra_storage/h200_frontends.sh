@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# carina.infra.storage, issue 12 goal (b) on the GPU machine: the GPU engines against the CPU middle tier ON THE SAME
+# CPU CORES, every server run as several front-end processes (--frontends) so the header path is not one core.
+# HARD TIME BUDGET: BUDGET_S (default 290 s, at most 300) of run time in all; give the call (or the lane) at least
+# BUDGET_S + 20 s. Every step runs under `timeout` with min(its maximum, what is left) and is SKIPPED when less than
+# its minimum is left. Each record is written into $OUT/storage/ the moment its block size ends (bench_tier_qemu.py
+# rewrites its record after 4 KiB and again after 64 KiB), so a step cut short still leaves its 4 KiB rows.
+# Pinning: every server (front ends, codec workers, launch threads) runs under `taskset -c $SERVER_CPUS` (default the
+# first FE cores: 0-3), the clients under `taskset -c $CLIENT_CPUS` (default 8-15), the same for every system.
+# Clients: FE qemu-img processes per load sharing queue depth 32 (fill: each writes its own slice, 16 in flight).
+# Systems (FE = 4 front ends by default):
+#   inline        the one-process CPU middle tier (header and payload in one process): issue 12's baseline
+#   inline-feFE   the CPU tier as FE processes on the same cores (the best CPU tier there: no handoffs)
+#   process       one front end with FE codec worker processes on the same cores
+#   torch-feFE    GPU engine (ZVC kernels), FE front ends with one launch thread each
+#   nvcomp-feFE   GPU engine (nvCOMP batches of the step's codec), FE front ends, one launch thread each
+#   forward-feFE  codec raw: no payload work at all, the ceiling of any engine behind FE front ends
+# Steps (max / min seconds), files in $OUT/storage/:
+#   smoke (10 / 3 s), smoke_nvcomp (12 / 5 s): the engines round-trip bit-exact (PASS/FAIL, no file)
+#   infra_storage_tier_h200_fe_lz4.json      step fe_lz4 (130 / 40 s): fill + bit-exact compare, reads and
+#       constant writes (qemu-img bench), 4 KiB and 64 KiB; *_vs_inline_* and *_vs_inline-feFE_* ratios
+#   infra_storage_tier_h200_fe_deflate.json  step fe_deflate (130 / 40 s; gets what is left): the same with deflate
+#   storage_h200_fe.log                      everything printed, and the summary table at the end
+# Carried: the git-ignored folder .debs-storage (bash benchmarks/infra_storage/fetch_h200_carry.sh builds it): qemu-img
+# and its libraries as .deb files, the lz4 wheel, nVIDIA nvCOMP as a .tar.xz (unpacked into /tmp; nothing installed).
+# Usage (repository root): OUT=<dir> bash benchmarks/infra_storage/h200_frontends.sh
+# CPU proof with tiny sizes (2 front ends on cores 0-1, clients on the same 2 cores):
+#   DEVICE=cpu PYTHON=/work/main/.venv/bin/python OUT=/tmp/storage_out bash benchmarks/infra_storage/h200_frontends.sh
+set -uo pipefail
+: "${OUT:?set OUT to the folder the records go to}"
+DEVICE=${DEVICE:-cuda}
+PYTHON=${PYTHON:-python3}
+DEBS=${DEBS:-.debs-storage}
+REC="$OUT/storage"
+mkdir -p "$REC"
+exec > >(tee "$REC/storage_h200_fe.log") 2>&1
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$REC"
+[ -f .device-commit ] && export CARINA_SOURCE_COMMIT=$(cat .device-commit)  # the commit a copied tree holds
+if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
+  BUDGET_S=${BUDGET_S:-280}; FE=${FE:-2}; SERVER_CPUS=${SERVER_CPUS:-0-1}; CLIENT_CPUS=${CLIENT_CPUS:-0-1}
+  TIER=(--data 4M --seconds 0.2 --gpu-workers 1)
+else
+  BUDGET_S=${BUDGET_S:-290}; FE=${FE:-4}; SERVER_CPUS=${SERVER_CPUS:-0-$((FE - 1))}; CLIENT_CPUS=${CLIENT_CPUS:-8-15}
+  TIER=(--data 32M --seconds 0.5 --gpu-workers 1)
+  nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
+fi
+[ "$BUDGET_S" -gt 300 ] && BUDGET_S=300
+echo "budget $BUDGET_S s; $FE front ends; servers on CPUs $SERVER_CPUS, clients on $CLIENT_CPUS; $(nproc) CPUs"
+start=$(date +%s)
+left() { echo $((BUDGET_S - ($(date +%s) - start))); }
+step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipped when fewer than MIN_S are left
+  local name=$1 min=$2 max=$3; shift 3
+  local l; l=$(left)
+  if [ "$l" -lt "$min" ]; then echo "== $name: SKIPPED ($l s left, needs $min s)"; return; fi
+  [ "$max" -gt "$l" ] && max=$l
+  echo "== $name (timeout $max s, t=$(($(date +%s) - start)) s)"
+  timeout -k 3 "$max" "$@"; local rc=$?
+  echo "== $name rc=$rc after $(($(date +%s) - start)) s; files in $REC: $(find "$REC" -maxdepth 1 -type f | wc -l)"
+}
+
+# carried tools (at most 60 s of the budget): wheels onto PYTHONPATH, qemu-img from the .deb files behind a wrapper
+W=$(mktemp -d /tmp/carina-whl-XXXX)
+if ! "$PYTHON" -c "import lz4.block" 2>/dev/null && ls "$DEBS"/lz4-*.whl >/dev/null 2>&1; then
+  for w in "$DEBS"/lz4-*.whl; do timeout 20 "$PYTHON" -m zipfile -e "$w" "$W"; done
+fi
+if ! "$PYTHON" -c "from nvidia import nvcomp" 2>/dev/null; then
+  for t in "$DEBS"/nvcomp-*.tar.xz; do [ -f "$t" ] && timeout 30 tar -xJf "$t" -C "$W"; done
+fi
+export PYTHONPATH="$PYTHONPATH:$W"
+"$PYTHON" -c "import lz4.block; print('lz4', lz4.__version__)" 2>/dev/null || echo "lz4: not importable"
+NVCOMP=0
+"$PYTHON" -c "from nvidia import nvcomp; print('nvcomp', nvcomp.__version__)" 2>/dev/null && NVCOMP=1 \
+  || echo "nvcomp: not importable (the nvcomp system is left out)"
+QEMU=${QEMU_IMG:-}
+if [ -z "$QEMU" ] && ls "$DEBS"/qemu-utils_*.deb >/dev/null 2>&1; then
+  P=$(mktemp -d /tmp/carina-qemu-XXXX)
+  for f in "$DEBS"/*.deb; do timeout 20 dpkg-deb -x "$f" "$P"; done
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu exec %s/usr/bin/qemu-img "$@"\n' \
+    "$P" "$P" "$P" > "$P/qemu-img.sh"
+  chmod +x "$P/qemu-img.sh"
+  "$P/qemu-img.sh" --version | head -1 && QEMU="$P/qemu-img.sh"
+fi
+[ -z "$QEMU" ] && QEMU=$(command -v qemu-img || true)
+echo "qemu-img: ${QEMU:-NOT AVAILABLE (tier steps skipped)}; setup took $(($(date +%s) - start)) s"
+command -v taskset >/dev/null || { echo "taskset missing: servers and clients NOT pinned"; SERVER_CPUS=; CLIENT_CPUS=; }
+
+step smoke 3 10 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py --device "$DEVICE"
+[ "$NVCOMP" = 1 ] && step smoke_nvcomp 5 12 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py \
+  --device "$DEVICE" --engine nvcomp --codecs lz4,deflate
+GPU="torch-fe$FE"; [ "$NVCOMP" = 1 ] && GPU="nvcomp-fe$FE,torch-fe$FE"
+SYSTEMS="$GPU,inline,inline-fe$FE,process,forward-fe$FE"
+PIN=(--server-cpus "$SERVER_CPUS" --client-cpus "$CLIENT_CPUS" --clients "$FE" --workers "$FE")
+for codec in lz4 deflate; do
+  if [ -z "$QEMU" ]; then echo "== fe_$codec: SKIPPED (no qemu-img)"; continue; fi
+  if [ "$codec" = lz4 ] && ! "$PYTHON" -c "import lz4.block" 2>/dev/null; then
+    echo "== fe_lz4: SKIPPED (lz4 not importable)"; continue
+  fi
+  step "fe_$codec" 40 130 "$PYTHON" benchmarks/infra_storage/bench_tier_qemu.py --device "$DEVICE" --qemu-img "$QEMU" \
+    --systems "$SYSTEMS" --main "$GPU" --base "inline,inline-fe$FE" --blocks 4K,64K --codec "$codec" "${PIN[@]}" \
+    "${TIER[@]}" --name "infra_storage_tier_h200_fe_$codec"
+done
+
+"$PYTHON" - "$REC" <<'EOF'
+import json, pathlib, sys
+recs = [json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("infra_storage_tier_h200_fe_*.json"))]
+print(f"\n{len(recs)} records in {sys.argv[1]}")
+for r in recs:
+    for f in r["figures"]:
+        if "_vs_" in f["name"] or f["name"].startswith("verified"):
+            ceil = f"{f['ceiling']:.3g}" if f.get("ceiling") else "-"
+            print(f"{r['name']:<36} {f['name']:<44} {f['value']:>8.3g} {f['unit']:<4} ceiling {ceil}")
+EOF
+echo "storage h200 front ends done after $(($(date +%s) - start)) s (budget $BUDGET_S s)"
