@@ -137,3 +137,20 @@ def test_gpu_posted_requests_release_the_stream(data_file: Path) -> None:
             cam.host_wait(t, timeout=10)  # a stuck request fails here, not inside a blocking CUDA copy
             got = dest.cpu().numpy()  # runs after the stream's wait
             assert np.array_equal(got, reference_rows(str(data_file), ids, ROW))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_waiting_on_the_copy_stream_itself_is_refused(data_file: Path) -> None:
+    with (
+        IOEngine(IOConfig(queue_depth=4)) as eng,
+        CamGather(eng, eng.open(data_file, "r"), CamConfig(row_bytes=ROW, max_rows=4, slots=2, device="cuda")) as cam,
+    ):
+        assert cam._copy_stream.priority < torch.cuda.Stream().priority  # a pool apart from ordinary streams
+        dest = torch.empty(4 * ROW, dtype=torch.uint8, device="cuda")
+        t = cam.post(torch.arange(4, device="cuda"), dest)
+        with pytest.raises(ConfigError, match="copy stream"):
+            cam.wait(t, stream=cam._copy_stream)  # it would wait ahead of the copy that releases it
+        cam.wait(t)
+        cam.host_wait(t, timeout=10)
+        assert np.array_equal(dest.cpu().numpy(), reference_rows(str(data_file), np.arange(4), ROW))

@@ -28,9 +28,10 @@ engine's pinned staging arena, which a gather of rows not aligned for
 
 Limits: one sequence counter of 31 bits per instance; a request's row count
 is known on the host when it is posted (the ids' values are not); the
-destination must stay untouched by other streams until :meth:`wait`; the
-copy stream is one of PyTorch's pooled streams, so a caller's stream drawn
-from the pool 32 streams later is the same stream and must not wait there.
+destination must stay untouched by other streams until :meth:`wait`. The
+copy stream comes from PyTorch's pool of high-priority streams, apart from
+the ordinary streams callers make; :meth:`wait` refuses to make the copy
+stream itself wait (it would wait ahead of the copy that releases it).
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ class CamGather:
         self._ops = MemOps()
         self._posted_dev = self._ops.device_pointer(self._flags.data_ptr())
         self._done_dev = self._posted_dev + 4 * self.config.slots
-        self._copy_stream = torch.cuda.Stream(device=self.config.device)
+        # High priority: a pool apart from the ordinary streams (32 per priority, handed out in turn), so a
+        # caller's stream is never this one unless drawn from the high-priority pool too (wait checks).
+        self._copy_stream = torch.cuda.Stream(device=self.config.device, priority=-1)
         probe = torch.zeros(8, dtype=torch.uint8, device=self.config.device)  # load the copy paths once
         probe.copy_(self._staging[:8], non_blocking=True)
         self._staging[:8].copy_(probe, non_blocking=True)
@@ -208,6 +211,12 @@ class CamGather:
         import torch
 
         stream = stream or torch.cuda.current_stream(self.config.device)
+        if stream.cuda_stream == self._copy_stream.cuda_stream:
+            raise ConfigError(
+                "the waiting stream is CamGather's copy stream (a pooled high-priority stream): it would wait "
+                "ahead of the copy that releases it; wait on another stream",
+                key="stream",
+            )
         self._ops.wait_geq(stream.cuda_stream, self._done_dev + 4 * ticket.slot, ticket.seq)
 
     def host_wait(self, ticket: CamTicket, timeout: float | None = None) -> None:
