@@ -58,29 +58,9 @@ step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipp
   echo "== $name rc=$rc after $(($(date +%s) - start)) s; files in $REC: $(find "$REC" -maxdepth 1 -type f | wc -l)"
 }
 
-# carried tools (at most 60 s of the budget): wheels onto PYTHONPATH, qemu-img from the .deb files behind a wrapper
-W=$(mktemp -d /tmp/carina-whl-XXXX)
-if ! "$PYTHON" -c "import lz4.block" 2>/dev/null && ls "$DEBS"/lz4-*.whl >/dev/null 2>&1; then
-  for w in "$DEBS"/lz4-*.whl; do timeout 20 "$PYTHON" -m zipfile -e "$w" "$W"; done
-fi
-if ! "$PYTHON" -c "from nvidia import nvcomp" 2>/dev/null; then
-  for t in "$DEBS"/nvcomp-*.tar.xz; do [ -f "$t" ] && timeout 30 tar -xJf "$t" -C "$W"; done
-fi
-export PYTHONPATH="$PYTHONPATH:$W"
-"$PYTHON" -c "import lz4.block; print('lz4', lz4.__version__)" 2>/dev/null || echo "lz4: not importable"
-NVCOMP=0
-"$PYTHON" -c "from nvidia import nvcomp; print('nvcomp', nvcomp.__version__)" 2>/dev/null && NVCOMP=1 \
-  || echo "nvcomp: not importable (the nvcomp system is left out)"
-QEMU=${QEMU_IMG:-}
-if [ -z "$QEMU" ] && ls "$DEBS"/qemu-utils_*.deb >/dev/null 2>&1; then
-  P=$(mktemp -d /tmp/carina-qemu-XXXX)
-  for f in "$DEBS"/*.deb; do timeout 20 dpkg-deb -x "$f" "$P"; done
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu exec %s/usr/bin/qemu-img "$@"\n' \
-    "$P" "$P" "$P" > "$P/qemu-img.sh"
-  chmod +x "$P/qemu-img.sh"
-  "$P/qemu-img.sh" --version | head -1 && QEMU="$P/qemu-img.sh"
-fi
-[ -z "$QEMU" ] && QEMU=$(command -v qemu-img || true)
+# carried tools: lz4 and nvCOMP wheels onto PYTHONPATH, qemu-img from the .deb files (sets NVCOMP, QEMU)
+# shellcheck source=benchmarks/infra_storage/carried_tools.sh
+source benchmarks/infra_storage/carried_tools.sh
 echo "qemu-img: ${QEMU:-NOT AVAILABLE (tier steps skipped)}; setup took $(($(date +%s) - start)) s"
 command -v taskset >/dev/null || { echo "taskset missing: servers and clients NOT pinned"; SERVER_CPUS=; CLIENT_CPUS=; }
 
