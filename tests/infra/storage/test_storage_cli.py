@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from carina.infra.storage.cli import app
@@ -33,3 +34,17 @@ def test_stats_on_missing_store_fails_cleanly(tmp_path: Path) -> None:
 def test_serve_rejects_bad_config(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["serve", "--store", str(tmp_path), "--block-size", "3000"])
     assert result.exit_code != 0 and "block_size" in result.output
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "choices"),
+    [("--engine", "bogus", "inline, thread, process, torch, nvcomp"), ("--cuda-wait", "nope", "spin, block")],
+)
+def test_serve_names_the_option_and_its_choices_for_a_bad_value(
+    tmp_path: Path, option: str, value: str, choices: str
+) -> None:
+    result = CliRunner().invoke(app, ["serve", "--store", str(tmp_path / "s"), "--port", "0", option, value])
+    assert result.exit_code != 0
+    text = " ".join(str(result.output).replace("│", " ").split())  # the message, unwrapped from its box
+    assert f"{option} must be one of {choices}, not '{value}'" in text
+    assert not (tmp_path / "s").exists()  # nothing was created

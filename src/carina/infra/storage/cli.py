@@ -17,6 +17,17 @@ app = typer.Typer(help="Storage middle tier with offloaded compression (NBD fron
 _SizeOpt = Annotated[str, typer.Option("--size", help="Export size (64M, 1G, ...); fixed at creation.")]
 
 
+def _choice(kind: Any, value: str, option: str) -> Any:
+    """``kind(value)``, or a ConfigError naming the option and its choices."""
+    from carina.core.errors import ConfigError
+
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in kind)
+        raise ConfigError(f"--{option.replace('_', '-')} must be one of {choices}, not {value!r}", key=option) from None
+
+
 def _tier_config(**kw: Any) -> Any:
     from carina.infra.storage.config import (
         CodecName,
@@ -29,18 +40,21 @@ def _tier_config(**kw: Any) -> Any:
         TierConfig,
         parse_size,
     )
+    from carina.infra.storage.cudawait import CudaWait
 
     return TierConfig(
         store=StoreConfig(
             path=kw["store"], size=parse_size(kw["size"]), block_size=parse_size(kw["block_size"]),
-            codec=CodecName(kw["codec"]),
+            codec=_choice(CodecName, kw["codec"], "codec"),
         ),
-        engine=EngineConfig(kind=EngineKind(kw["engine"]), workers=kw["workers"], device=kw["device"],
-                            inflight=kw["inflight"], overflow=Overflow(kw["overflow"]),
-                            loop_below=parse_size(kw["loop_below"])),
+        engine=EngineConfig(
+            kind=_choice(EngineKind, kw["engine"], "engine"), workers=kw["workers"], device=kw["device"],
+            inflight=kw["inflight"], overflow=_choice(Overflow, kw["overflow"], "overflow"),
+            loop_below=parse_size(kw["loop_below"]), cuda_wait=_choice(CudaWait, kw["cuda_wait"], "cuda_wait"),
+        ),
         server=ServerConfig(
             host=kw["host"], port=kw["port"], export=kw["export"], slots=kw["slots"],
-            loop=LoopKind(kw["loop"]), stats_interval=kw["stats_interval"],
+            loop=_choice(LoopKind, kw["loop"], "loop"), stats_interval=kw["stats_interval"],
         ),
     )  # fmt: skip
 
@@ -63,6 +77,9 @@ def serve(
     loop_below: Annotated[
         str, typer.Option(help="CPU pools: decompress blocks smaller than this in the event loop (0: never).")
     ] = "16K",
+    cuda_wait: Annotated[
+        str, typer.Option(help="torch/nvcomp on CUDA: launch threads wait by spin (CUDA's default) or block.")
+    ] = "spin",
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks one).")] = 10809,
     export: Annotated[str, typer.Option(help="Export name.")] = "carina",

@@ -10,6 +10,7 @@ from pathlib import Path
 from carina.core.config import Config, require
 from carina.core.errors import ConfigError
 from carina.infra.storage.codecs import Codec
+from carina.infra.storage.cudawait import CudaWait
 
 __all__ = [
     "CodecName",
@@ -133,6 +134,8 @@ class EngineConfig(Config):
         loop_below: For the ``thread`` and ``process`` pools: a request whose jobs all decompress blocks
             smaller than this, or blocks stored raw, runs in the event loop, not the pool (a handoff costs
             more than decompressing a 4 KiB block; session 6 measured it); ``0``: every job goes to the pool.
+        cuda_wait: For the ``torch`` and ``nvcomp`` engines on CUDA: how launch threads wait for the device,
+            ``spin`` (CUDA's default) or ``block`` (blocking sync; see :mod:`carina.infra.storage.cudawait`).
     """
 
     kind: EngineKind = EngineKind.PROCESS
@@ -141,12 +144,16 @@ class EngineConfig(Config):
     inflight: int | None = None
     overflow: Overflow = Overflow.QUEUE
     loop_below: int = 16 << 10
+    cuda_wait: CudaWait = CudaWait.SPIN
 
     def validate(self) -> None:
         """Check the worker count."""
         require(self.loop_below >= 0, "loop_below must be >= 0", key="loop_below")
         require(1 <= self.workers <= 256, "workers must be between 1 and 256", key="workers")
         require(self.inflight is None or 0 <= self.inflight <= 4096, "inflight must be 0..4096", key="inflight")
+        gpu = self.kind in (EngineKind.TORCH, EngineKind.NVCOMP)
+        require(gpu or self.cuda_wait is CudaWait.SPIN, "cuda_wait=block is for the torch and nvcomp engines",
+                key="cuda_wait")  # fmt: skip
         cpu_pool = self.kind in (EngineKind.THREAD, EngineKind.PROCESS)
         require(
             cpu_pool or self.overflow == Overflow.QUEUE,

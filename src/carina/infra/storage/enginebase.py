@@ -78,6 +78,8 @@ class PayloadEngine(Backend):
     #: A request whose jobs all decompress blocks smaller than this (or blocks stored raw) runs right here,
     #: in the event loop (0: never); set for the CPU pools from ``EngineConfig.loop_below``.
     loop_below = 0
+    #: How the GPU engines' launch threads wait (set by ``build_engine``; "" for the CPU engines).
+    cuda_wait_note = ""
 
     def __init__(self, arena: Arena, *, max_inflight: int = 0, overflow: Overflow = Overflow.QUEUE) -> None:
         self.arena = arena

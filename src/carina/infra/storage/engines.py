@@ -31,6 +31,7 @@ from typing import Any
 from carina.core.errors import BackendUnavailable
 from carina.infra.storage.codecs import Codec, Job, Result, run_jobs
 from carina.infra.storage.config import EngineConfig, EngineKind, Overflow
+from carina.infra.storage.cudawait import set_cuda_wait
 from carina.infra.storage.enginebase import Arena, PayloadEngine, _Done
 
 __all__ = ["Arena", "InlineEngine", "PayloadEngine", "ThreadEngine", "build_engine"]  # ProcessEngine: lazily
@@ -97,6 +98,15 @@ class ThreadEngine(PayloadEngine):
         super().close()
 
 
+def _resolved_device(device: str) -> str:
+    """``auto`` -> ``cuda`` where CUDA is visible, else ``cpu`` (what the GPU engines resolve it to)."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> PayloadEngine:
     """Build the engine ``config`` names and check it can run ``codec``.
 
@@ -105,6 +115,9 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
     """
     engine: PayloadEngine
     gate: dict[str, Any] = {} if config.inflight is None else {"max_inflight": config.inflight}
+    wait_note = ""
+    if config.kind in (EngineKind.TORCH, EngineKind.NVCOMP):  # before the engine's first CUDA call
+        wait_note = set_cuda_wait(_resolved_device(config.device), config.cuda_wait)
     if config.kind == EngineKind.INLINE:
         engine = InlineEngine(arena_bytes)
     elif config.kind == EngineKind.THREAD:
@@ -123,6 +136,7 @@ def build_engine(config: EngineConfig, *, arena_bytes: int, codec: Codec) -> Pay
         engine = TorchEngine(arena_bytes, device=config.device, workers=config.workers, **gate)
     if config.kind in (EngineKind.THREAD, EngineKind.PROCESS):
         engine.loop_below = config.loop_below
+    engine.cuda_wait_note = wait_note
     reasons = engine.unsupported_reasons(codec)
     if reasons:
         engine.close()

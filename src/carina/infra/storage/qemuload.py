@@ -46,8 +46,9 @@ log = logging.getLogger("carina.infra.storage")
 
 #: System -> (engine, codec); ``cpu`` means the config's CPU codec.
 QEMU_SYSTEMS = {"torch": ("torch", "zvc"), "nvcomp": ("nvcomp", "cpu"), "inline": ("inline", "cpu"),
-                "thread": ("thread", "cpu"), "process": ("process", "cpu"), "forward": ("inline", "raw")}  # fmt: skip
-_GPU = ("torch", "nvcomp")
+                "thread": ("thread", "cpu"), "process": ("process", "cpu"), "forward": ("inline", "raw"),
+                "torch-bsync": ("torch", "zvc"), "nvcomp-bsync": ("nvcomp", "cpu")}  # fmt: skip
+_GPU = ("torch", "nvcomp", "torch-bsync", "nvcomp-bsync")  # -bsync: launch threads wait by blocking sync
 
 
 @dataclass(kw_only=True)
@@ -118,7 +119,8 @@ def _start(cfg: QemuLoadConfig, system: str, block: int, size: int, work: Path) 
            "--size", str(size), "--block-size", str(block), "--engine", engine,
            "--codec", cfg.codec if codec == "cpu" else codec, "--device", cfg.device,
            "--workers", str(cfg.gpu_workers if base in _GPU else cfg.workers), "--frontends", str(frontends),
-           "--slots", "64", "--stats-interval", "3600"]  # fmt: skip
+           "--slots", "64", "--stats-interval", "3600",
+           "--cuda-wait", "block" if base.endswith("-bsync") else "spin"]  # fmt: skip
     return _Server(system, block, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
                    store)  # fmt: skip
 
