@@ -106,7 +106,7 @@ bench() {  # bench NAME DATA FANOUTS BATCH RUN_S RESERVE: every system in one ti
   step "$name" "$lim" $PY $B/bench_outofcore.py --data "$data" --hidden "$HIDDEN" --warmup 1 \
     --budgets 0,0.25,0.5,0.75,1.0 --peer-budget 0.5 --features-from generator --peer-seed-offset 1 \
     --device "$DEVICE" "${MOPT[@]}" --fanouts "$fanouts" --batch-size "$batch" --batches 20 \
-    --run-seconds "$run_s" --deadline-s $(( lim - 15 )) --workload-out "$OUT/gnn/workload_${name}.json" \
+    --run-seconds "$run_s" --deadline-s $(( lim - 25 )) --workload-out "$OUT/gnn/workload_${name}.json" \
     --name "$name"
 }
 plan() {  # plan NAME GPU_GB HOST_GB: the cost model's plan from the workload the bench profiled
