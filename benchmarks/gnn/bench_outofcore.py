@@ -128,6 +128,9 @@ class Bench:
             )
             prepare(cfg, args.data, device=args.device)
         self.ds = Dataset.open(args.data)
+        # the topology moves to the sampling device once: every sampler (profile, presample, each system's
+        # epoch) then shares it instead of copying 4.5 GB at 2^26 nodes
+        self.ds.graph = self.ds.graph.to(args.device)
         tc = TrainConfig(
             fanouts=[int(f) for f in args.fanouts.split(",")],
             batch_size=args.batch_size,
