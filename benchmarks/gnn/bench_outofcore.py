@@ -4,14 +4,17 @@ One run, one generated dataset, one model for every system:
 
 * ``in-memory``   all features in device memory (the ideal, S0)
 * ``host-gather`` features in pinned host memory, gathered and copied per batch (S1; GPU only)
+* ``zero-copy``   the same pinned table mapped into the GPU; the GPU gathers rows over PCIe (S1b, UVA; GPU only)
 * ``mmap``        np.memmap of the feature file, page cache dropped first (S2, cold: ``make_cold``)
 * ``sync-reads``  same static cache as carina, then one O_DIRECT pread per missing row, no overlap (S3)
 * ``carina``      static cache + page-coalesced reads (one vectorised gather per batch) + pipeline (S4)
 
 carina runs at several cache budgets (share of rows in device + host cache, 1/3 + 2/3); the peers and
 the alternatives to the cost model's choice (read-gap 0 and 4x the planned gap, no pipelining) at the
-peer budget. Order: in-memory, carina at the peer budget, mmap, sync-reads, host-gather, the other
-budgets, the alternatives, in-memory again (a deadline cuts from the end). The cost model (calibrated
+peer budget. Order: in-memory, carina at the peer budget, mmap, sync-reads, host-gather, zero-copy,
+the other budgets, the alternatives, in-memory again (a deadline cuts from the end). A system that
+raises (out of memory, a mapping the device refuses) is recorded under ``skipped`` with its error and
+the run goes on. The cost model (calibrated
 in the same run, or ``--machine``) predicts each carina run.
 
     python benchmarks/gnn/bench_outofcore.py --nodes 262144 --dim 128 --batches 12
@@ -32,6 +35,7 @@ average degree (3.87e9 / 2.693e8 = 14.4) and 19 classes; the exponent 2.3 is our
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import time
@@ -43,6 +47,7 @@ from outofcore_peers import (
     HostGather,
     MmapFeatures,
     SyncReadFeatures,
+    ZeroCopy,
     generated_rows,
     generated_table,
     generator_fetch,
@@ -51,7 +56,7 @@ from outofcore_peers import (
 )
 from outofcore_record import write
 
-from carina.gnn.cache import CacheConfig, HotnessSource
+from carina.gnn.cache import CacheConfig, HotnessSource, StaticCache
 from carina.gnn.calibrate import calibrate_machine, profile_workload
 from carina.gnn.costmodel import MachineSpec, Overlap, best_gap_pages, hit_rate, predict
 from carina.gnn.dataset import Dataset, PrepareConfig, prepare
@@ -87,7 +92,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--gamma", type=float, default=2.1, help="Chung-Lu power-law exponent")
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--machine", type=Path, default=None, help="MachineSpec JSON instead of calibrating here")
-    ap.add_argument("--skip", default="", help="comma list of mmap, sync-reads, host-gather, ablations to leave out")
+    ap.add_argument(
+        "--skip", default="", help="comma list of mmap, sync-reads, host-gather, zero-copy, ablations to leave out"
+    )
+    ap.add_argument("--workload-out", type=Path, default=None, help="write the profiled workload JSON here")
     ap.add_argument("--features-from", choices=["file", "generator"], default="file")
     ap.add_argument("--run-seconds", type=float, default=0.0, help="time box of each system's epoch (0: none)")
     ap.add_argument("--deadline-s", type=float, default=0.0, help="stop starting systems past this (0: none)")
@@ -108,6 +116,7 @@ class Bench:
         self.carina: dict[float, dict] = {}
         self.ablations: dict[str, dict] = {}
         self.extra: dict[str, Any] = {}
+        self._caches: dict[float, StaticCache] = {}
         if not (args.data / "manifest.json").is_file():
             cfg = PrepareConfig(
                 num_nodes=args.nodes,
@@ -119,6 +128,9 @@ class Bench:
             )
             prepare(cfg, args.data, device=args.device)
         self.ds = Dataset.open(args.data)
+        # the topology moves to the sampling device once: every sampler (profile, presample, each system's
+        # epoch) then shares it instead of copying 4.5 GB at 2^26 nodes
+        self.ds.graph = self.ds.graph.to(args.device)
         tc = TrainConfig(
             fanouts=[int(f) for f in args.fanouts.split(",")],
             batch_size=args.batch_size,
@@ -134,6 +146,9 @@ class Bench:
             else calibrate_machine(args.data, size_mb=128, device=args.device)
         )
         self.work = profile_workload(self.ds, self.cfg)
+        if args.workload_out:
+            args.workload_out.parent.mkdir(parents=True, exist_ok=True)
+            self.work.save(args.workload_out)
         self.gap = best_gap_pages(self.machine) if args.gap == "auto" else int(args.gap)
         budgets = [float(b) for b in args.budgets.split(",")]
         self.budgets = budgets
@@ -181,15 +196,34 @@ class Bench:
 
     def host_gather(self) -> None:
         a = self.args
-        if not a.device.startswith("cuda") or not self.fits("host-gather"):
+        if not a.device.startswith("cuda"):
+            self.skipped |= {"host-gather": "GPU only", "zero-copy": "GPU only"}
+            return
+        if not self.fits("host-gather"):
             return
         if a.features_from == "generator":
             host = generated_table(self.ds, a.device, out_device="cpu", pin=True)
         else:
             host = self.ds.read_all_features().pin_memory()
         self.results["host-gather"] = measure(self.ds, self.cfg, HostGather(host, a.device), a.warmup)
+        self.save()
+        if self.fits("zero-copy"):
+            self.guard("zero-copy", functools.partial(self._zero_copy, host))
         del host
         _free()
+        self.save()
+
+    def _zero_copy(self, host: torch.Tensor) -> None:
+        self.results["zero-copy"] = measure(self.ds, self.cfg, ZeroCopy(host, self.args.device), self.args.warmup)
+
+    def guard(self, name: str, fn: Any) -> None:
+        """Run one system; an error is recorded under ``skipped`` instead of ending the run."""
+        try:
+            fn()
+        except Exception as exc:  # one failing system must not lose the others' results
+            self.skipped[name] = f"error: {type(exc).__name__}: {str(exc)[:300]}"
+            print(f"{name}: {self.skipped[name]}", flush=True)
+            _free()
         self.save()
 
     def carina_run(self, eng: IOEngine, budget: float, store_cfg: StoreConfig, cfg: RunConfig | None = None) -> dict:
@@ -198,9 +232,8 @@ class Bench:
         cfg.cache = CacheConfig(gpu_rows=int(budget / 3 * n), host_rows=int(2 * budget / 3 * n))
         cfg.cache.hotness = HotnessSource.PRESAMPLE
         store = OutOfCoreFeatures(self.ds, engine=eng, device=cfg.device, config=store_cfg)
-        fetch = generator_fetch(self.ds, a.device) if a.features_from == "generator" else None
         t_fill = time.perf_counter()
-        store.attach_cache(build_cache(self.ds, cfg, store, fetch=fetch))
+        store.attach_cache(self.cache_at(budget, cfg, store))
         t_fill = time.perf_counter() - t_fill
         out = measure(self.ds, cfg, store, a.warmup, verify=a.features_from == "generator")
         overlap = Overlap.PIPELINED if cfg.train.pipeline_depth > 1 else Overlap.SERIAL
@@ -232,6 +265,17 @@ class Bench:
         _free()
         return out
 
+    def cache_at(self, budget: float, cfg: RunConfig, store: OutOfCoreFeatures) -> StaticCache:
+        """The static cache of ``budget``; the peer budget's is built once and shared (carina, sync-reads
+        and the alternatives run on the same rows: a static cache is read only)."""
+        if budget in self._caches:
+            return self._caches[budget]
+        fetch = generator_fetch(self.ds, self.args.device) if self.args.features_from == "generator" else None
+        cache = build_cache(self.ds, cfg, store, fetch=fetch)
+        if budget == self.peer_budget:
+            self._caches[budget] = cache
+        return cache
+
     def peers(self, eng: IOEngine) -> None:
         a, b = self.args, self.peer_budget
         peer_cfg = RunConfig.from_dict(self.cfg.to_dict())
@@ -249,8 +293,7 @@ class Bench:
             sync_cfg.train.pipeline_depth = 1
             sync_cfg.cache = CacheConfig(gpu_rows=int(b / 3 * n), host_rows=int(2 * b / 3 * n))
             store = OutOfCoreFeatures(self.ds, engine=eng, device=a.device)
-            fetch = generator_fetch(self.ds, a.device) if a.features_from == "generator" else None
-            store.attach_cache(build_cache(self.ds, sync_cfg, store, fetch=fetch))
+            store.attach_cache(self.cache_at(b, sync_cfg, store))
             sync = SyncReadFeatures(store, self.ds.features_path)
             rows = self.work.unique_per_batch * (1 - hit_rate(self.work.hotness_curve, b))
             run = measure_boxed(self.ds, sync_cfg, sync, a.warmup, rows)
@@ -291,22 +334,28 @@ def main() -> None:
     with IOEngine(IOConfig(queue_depth=128, workers=8)) as eng:
         # priority order: a deadline cuts the tail, so the comparisons the issue asks for come first
         bench.feature_check(eng)
-        bench.in_memory()
+        bench.guard("in-memory", bench.in_memory)
         store_cfg = StoreConfig(gap_pages=bench.gap, max_run_pages=256)
         pb = bench.peer_budget
         order = [pb, *(b for b in bench.budgets if b != pb)]
-        if bench.fits(f"carina@{pb:g}"):
-            bench.carina[pb] = bench.carina_run(eng, pb, store_cfg)
-            bench.save()
-        bench.peers(eng)
-        bench.host_gather()
+
+        def carina_at(b: float) -> None:
+            bench.carina[b] = bench.carina_run(eng, b, store_cfg)
+
+        for b in order[:1]:
+            if bench.fits(f"carina@{b:g}"):
+                bench.guard(f"carina@{b:g}", lambda b=b: carina_at(b))
+        bench.guard("peers", lambda: bench.peers(eng))
+        bench.guard("host-gather", bench.host_gather)
         for b in order[1:]:
             if bench.fits(f"carina@{b:g}"):
-                bench.carina[b] = bench.carina_run(eng, b, store_cfg)
-                bench.save()
+                bench.guard(f"carina@{b:g}", lambda b=b: carina_at(b))
         if "ablations" not in bench.skip:
-            bench.alternatives(eng)
-    bench.in_memory("in-memory again")  # on a shared machine the load drifts; the better one is the ceiling
+            bench.guard("ablations", lambda: bench.alternatives(eng))
+        bench._caches.clear()  # the shared peer-budget cache goes before the last in-memory table
+        _free()
+    # on a shared machine the load drifts; the better one is the ceiling
+    bench.guard("in-memory again", lambda: bench.in_memory("in-memory again"))
     bench.extra["loadavg_at_end"] = os.getloadavg()
     bench.save()
     print(f"done in {time.perf_counter() - bench.t0:.0f} s; skipped: {bench.skipped or 'nothing'}")

@@ -48,6 +48,8 @@ def test_bound_holds_with_slow_consumer(depth):
     assert seen == list(range(20))
     assert pipe.max_in_flight == depth
     assert pipe.times.batches == 20
+    # every stage ran once per batch: per-batch stage times divide by these counts
+    assert pipe.times.as_counts() == {"sample": 20, "plan": 20, "read": 20, "assemble": 20}
 
 
 def test_errors_reach_the_consumer():
@@ -61,11 +63,15 @@ def test_errors_reach_the_consumer():
 
 
 def test_early_exit_stops_threads():
-    pipe = FeaturePipeline(_batches(100), CountingSource(), depth=2)
+    src = CountingSource()
+    pipe = FeaturePipeline(_batches(100), src, depth=2)
     for b, _ in pipe:
         if b.index == 3:
             break
     pipe.close()
+    n = pipe.times.as_counts()
+    assert n["assemble"] == 4 and n["plan"] == src.planned  # reads ahead are counted where they ran
+    assert 4 <= n["read"] <= n["plan"] <= 4 + 2
     assert not [t for t in threading.enumerate() if t.name.startswith("gnn-")]
 
 

@@ -182,3 +182,25 @@ def test_page_runs_cover_each_page_once(pages, gap, max_run):
 def test_sorted_unique_equals_numpy_unique(values, presort):
     v = np.array(sorted(values) if presort else values, dtype=np.int64)
     assert np.array_equal(_sorted_unique(v), np.unique(v))
+
+
+@pytest.mark.gpu
+def test_host_slice_is_filled_in_pinned_memory(small_dataset, engine):
+    """On a CUDA machine the host slice is allocated pinned and filled in place: same rows, pinned."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    s = OutOfCoreFeatures(small_dataset, engine=engine, device="cuda")
+    m = small_dataset.manifest
+    cache = StaticCache(
+        hotness=degree_hotness(small_dataset.graph),
+        config=CacheConfig(gpu_rows=100, host_rows=300),
+        dim=m.feature_dim,
+        dtype=m.torch_dtype,
+        device="cuda",
+        fetch=s.read_rows,
+    )
+    assert cache.host.is_pinned() and cache.host.shape == (300, m.feature_dim)
+    s.attach_cache(cache)
+    ids = torch.arange(m.num_nodes)
+    assert torch.equal(s.gather(ids).cpu(), node_features(ids, dim=m.feature_dim, seed=3))
+    s.close()

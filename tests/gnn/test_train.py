@@ -98,9 +98,12 @@ def test_time_limit_stops_after_the_batch_that_crosses_it(small_dataset):
     """A limit every batch exceeds stops the epoch after one batch; the pipeline shuts down cleanly."""
     cfg = _cfg(batches=6, gpu=0, host=0)
     feats = InMemoryFeatures(small_dataset.read_all_features())
-    full = train_once(small_dataset, cfg, feats).losses
+    run = train_once(small_dataset, cfg, feats)
+    full = run.losses
+    assert run.stage_n["assemble"] == run.stage_n["read"] == 6  # stage counts reach the epoch result
     cfg.train.time_limit_s = 1e-9
     boxed = train_once(small_dataset, cfg, feats)
     assert boxed.losses == full[:1] and boxed.batches == 1
+    assert boxed.stage_n["read"] == 1  # no read ahead past the time box (the first batch is always read)
     with pytest.raises(Exception, match="time_limit_s"):
         TrainConfig(time_limit_s=-1)

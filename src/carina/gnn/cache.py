@@ -138,8 +138,8 @@ class StaticCache:
         self.slot[host_ids] = -2 - torch.arange(host_rows, dtype=torch.int32)
         self.slot = self.slot.to(self.device)
         self.gpu = _filled(gpu_ids, dim, dtype, fetch).to(self.device)
-        host = _filled(host_ids, dim, dtype, fetch)
-        self.host = host.pin_memory() if torch.cuda.is_available() and host.numel() else host
+        # filled in place in pinned memory: no pageable copy of the slice first (half the peak, one copy less)
+        self.host = _filled(host_ids, dim, dtype, fetch, pin=torch.cuda.is_available() and host_rows > 0)
         self.gpu_rows, self.host_rows = gpu_rows, host_rows
 
     @property
@@ -169,9 +169,14 @@ class StaticCache:
 
 
 def _filled(
-    ids: torch.Tensor, dim: int, dtype: torch.dtype, fetch: Callable[[torch.Tensor], torch.Tensor]
+    ids: torch.Tensor,
+    dim: int,
+    dtype: torch.dtype,
+    fetch: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    pin: bool = False,
 ) -> torch.Tensor:
-    out = torch.empty(ids.numel(), dim, dtype=dtype)
+    out = torch.empty(ids.numel(), dim, dtype=dtype, pin_memory=pin)
     step = 1 << 16
     for lo in range(0, ids.numel(), step):
         out[lo : lo + step] = fetch(ids[lo : lo + step])

@@ -130,6 +130,7 @@ def summarize(result: EpochResult) -> dict[str, Any]:
         "train_s": result.train_s,
         "seeds_per_s": result.seeds_per_s,
         "stage_s": result.stage_s,
+        "stage_n": result.stage_n,
         "max_in_flight": result.max_in_flight,
         "losses": result.losses,
     }

@@ -165,6 +165,7 @@ class EpochResult:
     train_s: float
     stage_s: dict[str, float]
     max_in_flight: int
+    stage_n: dict[str, int] = field(default_factory=dict)
 
     @property
     def seeds_per_s(self) -> float:
@@ -215,6 +216,7 @@ def train_epoch(
         train_s=train_s,
         stage_s=pipe.times.as_dict(),
         max_in_flight=pipe.max_in_flight,
+        stage_n=pipe.times.as_counts(),
     )
 
 

@@ -1,0 +1,81 @@
+"""bench_outofcore's record: stage-time checks from per-stage counts, and the zero-copy peer's guards."""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks" / "gnn"))
+
+import outofcore_peers  # noqa: E402
+import outofcore_record  # noqa: E402
+
+
+def _run(**over):
+    run = {
+        "seeds_per_s": 1000.0,
+        "batches": 4,
+        "train_s": 0.2,
+        "check_s": 0.04,
+        "stage_s": {"sample": 0.3, "plan": 0.1, "read": 2.0, "assemble": 0.12},
+        "stage_n": {"sample": 5, "plan": 5, "read": 5, "assemble": 4},
+        "predicted": {
+            "stages": {"sample": 0.08, "disk": 0.46, "transfer": 0.02, "compute": 0.05},
+            "batch_s": 0.5,
+            "seeds_per_s": 1024.0,
+        },
+    }
+    return run | over
+
+
+def test_stage_check_divides_by_the_times_each_stage_ran():
+    got = outofcore_record.stage_check(_run() | {"batch_size": 512})
+    # sample lane = (sample + plan) / 5 sampled; disk = read / 5 reads; transfer = (assemble - checks) / 4
+    assert got["sample"]["measured_s"] == pytest.approx(0.08)
+    assert got["disk"]["measured_s"] == pytest.approx(0.4)
+    assert got["transfer"]["measured_s"] == pytest.approx(0.02)
+    assert got["compute"]["measured_s"] == pytest.approx(0.05)
+    assert got["batch"]["measured_s"] == pytest.approx(0.512)
+    assert got["disk"]["predicted_over_measured"] == pytest.approx(1.15)
+    assert got["batch"]["predicted_over_measured"] == pytest.approx(0.5 / 0.512)
+
+
+def test_stage_summary_counts_pairs_within_15_percent():
+    bench = SimpleNamespace(
+        carina={0.5: _run()},
+        ablations={"no-pipelining": _run(stage_s={"sample": 0.3, "plan": 0.1, "read": 4.0, "assemble": 0.12})},
+        args=SimpleNamespace(batch_size=512),
+    )
+    s = outofcore_record.stage_summary(bench)
+    assert s["pairs"] == 10
+    # carina@0.5: sample 1.0, disk 1.15 (on the edge: in), transfer 1.0, compute 1.0, batch 0.977 -> 5 in;
+    # no-pipelining: disk 0.575 out, the other four in
+    assert s["within"] == 9
+    assert set(s["runs"]) == {"carina@0.5", "carina no-pipelining"}
+
+
+def test_stage_check_skips_stages_that_never_ran():
+    got = outofcore_record.stage_check(_run(stage_n={}, batches=0) | {"batch_size": 512})
+    assert set(got) == {"batch"}
+
+
+def test_zero_copy_refuses_the_cpu():
+    with pytest.raises(ValueError, match="CUDA device and pinned"):
+        outofcore_peers.ZeroCopy(torch.zeros(4, 2), "cpu")
+
+
+@pytest.mark.gpu
+def test_zero_copy_gathers_the_pinned_rows_bit_exact():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    host = torch.randn(1000, 64).pin_memory()
+    zc = outofcore_peers.ZeroCopy(host, "cuda")
+    ids = torch.tensor([999, 0, 17, 17, 512])
+    x = zc.assemble(zc.plan(ids), zc.read(None))
+    assert x.device.type == "cuda" and zc.view.data_ptr() == host.data_ptr()  # no copy of the table
+    assert torch.equal(x.cpu(), host[ids])
+    host[17] = 3.0  # the view aliases host memory: a write on the host is what the GPU reads next
+    assert torch.equal(zc.assemble(zc.plan(ids), None).cpu()[2], host[17])
