@@ -288,3 +288,22 @@ def test_writer_starts_once_a_late_copy_finishes(tmp_path: Path, writer: str, mo
                 break
             time.sleep(0.01)
         assert committed_steps(str(tmp_path)) == [3]
+
+
+def test_durable_at_is_the_commit_not_the_retention(tmp_path: Path, writer: str) -> None:
+    """Each writer reports when a step became durable: after save() began, before retention finished."""
+    import time
+
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind(writer), keep_last=1)) as ckpt:
+        ckpt.save(1, state)
+        ckpt.wait()
+        before = time.monotonic()
+        ckpt.save(2, state)
+        ckpt.wait()
+        after = time.monotonic()
+        when = [ckpt.durable_at(1), ckpt.durable_at(2)]
+        assert ckpt.durable_at(3) is None
+        assert committed_steps(str(tmp_path)) == [2]  # wait() includes the retention that deleted step 1
+    assert when[0] is not None and when[1] is not None
+    assert when[0] < before <= when[1] <= after

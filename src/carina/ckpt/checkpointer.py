@@ -175,6 +175,13 @@ class Checkpointer:
         """Whether a save is still being staged or written (never blocks; starts ready writers)."""
         return bool(self._writer.busy())
 
+    def durable_at(self, step: int) -> float | None:
+        """When the save of ``step`` became durable here (``time.monotonic()``), None if not (yet) known.
+
+        That is before its job is done: retention of older checkpoints follows it (a recent step only).
+        """
+        return self._writer.durable_at(step)
+
     def wait(self) -> None:
         """Block until every save is committed.
 

@@ -4,12 +4,17 @@ A forked child must not start threads, so it cannot overlap its checksums with
 the disk's work the way carina.io does for the other writers. It can fork
 again: the child is single-threaded, so its own fork is safe. :func:`forked_write`
 forks a grandchild that writes the file (:func:`carina.ckpt.commit.write_file_direct`:
-``O_DIRECT`` from the arena, one fsync) and ``_exit``\\ s, and returns at once; the
+``O_DIRECT`` from the arena with :func:`queued_direct`, one fsync) and ``_exit``\\ s, and returns at once; the
 child computes the checksums while the grandchild writes (``run_job`` calls the
 writer before the checksums and its ``finish`` after them), and ``finish`` waits
 for the grandchild, re-raising its error (an ``OSError`` keeps its errno, so a
 full disk is still :class:`~carina.core.errors.DeviceFull`). Both read the same
 shared arena pages; nothing is copied.
+
+The grandchild keeps :data:`DEPTH` writes of :data:`CHUNK` bytes in flight
+through an io_uring ring of its own (:class:`carina.io.backends._ring.Ring`: raw
+system calls, no thread, so it is safe in a fork), like the carina.io engine the
+other writers use; where the kernel refuses io_uring it writes them one at a time.
 
 If the child dies, the grandchild finishes its file in the attempt's temporary
 directory and exits; that directory is debris, which restore ignores and the
@@ -18,6 +23,7 @@ next commit deletes.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import signal
@@ -26,18 +32,70 @@ from collections.abc import Callable
 from carina.ckpt import commit
 from carina.core.errors import CheckpointError
 
-__all__ = ["forked_write"]
+__all__ = ["CHUNK", "DEPTH", "forked_write", "prepare", "queued_direct"]
+
+#: Bytes per direct write of the grandchild, and how many it keeps in flight.
+CHUNK, DEPTH = 16 << 20, 8
 
 
-def forked_write(path: str, data: memoryview) -> Callable[[], None]:
-    """Start writing ``data`` to ``path`` in a grandchild; the returned function waits and raises its error."""
+def prepare() -> bool:
+    """Import the ring module in the trainer (a forked child must not import); whether io_uring works here."""
+    try:
+        from carina.io.backends._ring import Ring
+
+        Ring(2).close()
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def queued_direct(fd: int, data: memoryview, addr: int, head: int) -> int:
+    """The grandchild's :data:`~carina.ckpt.commit.AlignedWriter`: up to :data:`DEPTH` writes in flight.
+
+    Falls back to :func:`carina.ckpt.commit.serial_direct` where io_uring is refused.
+
+    Raises:
+        OSError: A write failed (its errno: ENOSPC for a full disk) or came back short.
+    """
+    from carina.io.backends._ring import OP_WRITE, Ring
+
+    try:
+        ring = Ring(DEPTH)
+    except OSError:
+        return commit.serial_direct(fd, data, addr, head)
+    try:
+        sent, inflight = 0, dict[int, int]()
+        while sent < head or inflight:
+            while sent < head and len(inflight) < DEPTH:
+                n = min(CHUNK, head - sent)
+                ring.prepare(OP_WRITE, fd, sent, addr + sent, n, sent)
+                inflight[sent] = n
+                sent += n
+            ring.enter(1)
+            for offset, res in ring.completions():
+                n = inflight.pop(offset)
+                if res < 0:
+                    raise OSError(-res, f"direct write at {offset}: {os.strerror(-res)}")
+                if res != n:  # short: never seen for O_DIRECT on a preallocated file; refuse rather than guess
+                    raise OSError(errno.EIO, f"short direct write at {offset}: {res} of {n} bytes")
+                commit.fault_phase("data_chunk")
+    finally:
+        ring.close()
+    return head
+
+
+def forked_write(path: str, data: memoryview, aligned: commit.AlignedWriter = queued_direct) -> Callable[[], None]:
+    """Start writing ``data`` to ``path`` in a grandchild; the returned function waits and raises its error.
+
+    ``aligned`` writes the direct part (:func:`queued_direct`; ``commit.serial_direct``: one write at a time).
+    """
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # grandchild: write the file, report, _exit; never return into the child's pipeline
         os.close(read_fd)
         code = 0
         try:
-            commit.write_file_direct(path, data)
+            commit.write_file_direct(path, data, aligned)
         except BaseException as exc:  # noqa: BLE001 - reported to the child through the pipe
             code = 1
             try:

@@ -13,6 +13,9 @@
 Every writer runs :func:`carina.ckpt.commit.run_job`, one job at a time, in
 submission order, and keeps a failed job's error until :meth:`Writer.check`
 or :meth:`Writer.wait` raises it: a failed background write never goes unseen.
+Each remembers when its recent steps became durable (:meth:`Writer.durable_at`,
+``time.monotonic()``, one clock for every process of the machine): retention runs
+after that point, and a job is done only once it has.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import pickle
 import queue
 import signal
+import struct
 import threading
 import warnings
 from abc import ABC, abstractmethod
@@ -47,6 +51,10 @@ class WriterKind(enum.Enum):
     SYNC = "sync"
 
 
+#: Steps whose durable time a writer remembers.
+_REMEMBER = 64
+
+
 class Writer(ABC):
     """Persists staged snapshots in order; remembers failures until checked."""
 
@@ -54,6 +62,17 @@ class Writer(ABC):
 
     def __init__(self) -> None:
         self._errors: list[BaseException] = []
+        self._durable: dict[int, float] = {}
+
+    def durable_at(self, step: int) -> float | None:
+        """When ``step`` became durable (``time.monotonic()``) if a recent job of this writer committed it."""
+        self._busy()
+        return self._durable.get(step)
+
+    def _record(self, step: int, when: float) -> None:
+        self._durable[step] = when
+        while len(self._durable) > _REMEMBER:
+            del self._durable[next(iter(self._durable))]
 
     def submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         """Queue ``job`` for the staged ``snap``; its arena must stay unchanged until done.
@@ -123,7 +142,7 @@ class SyncWriter(Writer):
 
     def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         snap.wait()
-        run_job(job, snap.view(), engine_writer(self._engine))
+        self._record(job.step, run_job(job, snap.view(), engine_writer(self._engine)))
 
     def _close(self) -> None:
         self._engine.close()
@@ -155,7 +174,9 @@ class ThreadWriter(Writer):
             arena = snap.arena
             try:
                 snap.wait()
-                run_job(job, snap.view(), engine_writer(self._engine))
+                when = run_job(job, snap.view(), engine_writer(self._engine))
+                with self._lock:
+                    self._record(job.step, when)
             except BaseException as exc:  # noqa: BLE001 - kept and raised at the next check()
                 with self._lock:
                     self._errors.append(exc)
@@ -192,6 +213,7 @@ class ForkWriter(Writer):
         super().__init__()
         self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
         self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
+        self.queued = forkwrite.prepare()  # io_uring for the grandchild's writes (imported here, not in a fork)
 
     def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         self._pending.append((job, snap))
@@ -232,6 +254,8 @@ class ForkWriter(Writer):
             self._errors.append(CheckpointError(f"writer child killed by {sig}", key=f"step {job.step}"))
         elif os.WEXITSTATUS(status) != 0:
             self._errors.append(_unpickle_error(message, job.step))
+        elif len(message) == _STAMP.size:
+            self._record(job.step, _STAMP.unpack(message)[0])
         return True
 
     def _busy(self) -> set[int]:
@@ -250,11 +274,16 @@ class ForkWriter(Writer):
             self._pump(block=True)
 
 
+#: A forked child's success message: when its step was durable.
+_STAMP = struct.Struct("<d")
+
+
 def _child_main(job: CommitJob, image: memoryview, error_fd: int) -> None:
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        run_job(job, image, forkwrite.forked_write)  # the bytes from a grandchild, the checksums meanwhile
+        when = run_job(job, image, forkwrite.forked_write)  # the bytes from a grandchild, the checksums meanwhile
+        os.write(error_fd, _STAMP.pack(when))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
         code = 1
         try:
@@ -287,7 +316,7 @@ class ProcessWriter(Writer):
         self._proc = ctx.Process(target=_process_main, args=(child_conn,), name="carina-ckpt-writer", daemon=True)
         self._proc.start()
         child_conn.close()
-        self._inflight: deque[int] = deque()
+        self._inflight: deque[tuple[int, int]] = deque()  # (arena, step)
         self._pending: deque[tuple[CommitJob, Snapshot, Any]] = deque()
         self._lock = threading.Lock()  # the pipe and queues: a snapshot's copy thread pumps too (on_ready)
 
@@ -308,7 +337,7 @@ class ProcessWriter(Writer):
                 if snap.ready():
                     self._pending.popleft()
                     self._conn.send((job, handle.name, snap.arena))
-                    self._inflight.append(snap.arena)
+                    self._inflight.append((snap.arena, job.step))
                     continue
             if not block:
                 return
@@ -322,20 +351,22 @@ class ProcessWriter(Writer):
                         return
                     continue
                 try:
-                    _arena, error = self._conn.recv()
+                    _arena, error, when = self._conn.recv()
                 except (EOFError, OSError):
                     self._errors.append(CheckpointError(f"writer process died (exit code {self._proc.exitcode})"))
                     self._inflight.clear()
                     return
-                self._inflight.popleft()
+                _, step = self._inflight.popleft()
                 if error is not None:
-                    self._errors.append(_unpickle_error(error, step=None))
+                    self._errors.append(_unpickle_error(error, step=step))
+                else:
+                    self._record(step, when)
 
     def _busy(self) -> set[int]:
         self._pump()
         self._collect(block=False)
         with self._lock:
-            return set(self._inflight) | {snap.arena for _, snap, _ in self._pending}
+            return {a for a, _ in self._inflight} | {snap.arena for _, snap, _ in self._pending}
 
     def _wait(self) -> None:
         self._pump(block=True)
@@ -356,14 +387,14 @@ def _process_main(conn: Any) -> None:
     write = engine_writer(engine)
     while (msg := conn.recv()) is not None:
         job, name, arena = msg
-        error = None
+        error, when = None, 0.0
         try:
             if name not in attached:
                 attached[name] = attach(name)
-            run_job(job, memoryview(attached[name].buf), write)
+            when = run_job(job, memoryview(attached[name].buf), write)
         except BaseException as exc:  # noqa: BLE001 - sent back to the trainer
             error = pickle.dumps(exc)
-        conn.send((arena, error))
+        conn.send((arena, error, when))
     engine.close()
     for shm in attached.values():
         shm.close()
