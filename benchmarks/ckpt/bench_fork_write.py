@@ -112,13 +112,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="checkpoint disk (default: a temp dir)")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"fork variants run, of {', '.join(VARIANTS)}")
     args = ap.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if unknown := set(variants) - set(VARIANTS):
+        raise SystemExit(f"--variants: unknown {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     root = Path(args.dir or tempfile.mkdtemp(prefix="carina-ckpt-forkw-"))
     root.mkdir(parents=True, exist_ok=True)
     nbytes = args.size_mb << 20
     bw, src = disk_ceiling(root, nbytes)
     rows = quick_bench(args.size_mb, args.reps, ["fork", "process"], str(root))  # + torch.save
-    rows[1:1] = [fork_variant(name, args.size_mb, args.reps, str(root)) for name in VARIANTS]
+    rows[1:1] = [fork_variant(name, args.size_mb, args.reps, str(root)) for name in variants]
     bound = 1.2 * nbytes / bw + 0.5
     for r in rows:
         r["durable_GBps"] = round(nbytes / r["durable_s"] / 1e9, 3)
@@ -127,7 +131,7 @@ def main() -> None:
     by = {r["method"]: r["durable_s"] for r in rows}
     done = {r["method"]: r["done_s"] for r in rows}
     figures = []
-    for m in ("carina-fork", *VARIANTS):
+    for m in ("carina-fork", *variants):
         figures.append(Figure(name=f"time_to_durable_{m.removeprefix('carina-')}", value=round(by[m], 4), unit="s",
                               higher_is_better=False, ceiling=round(nbytes / bw, 4),
                               ceiling_source=f"bytes / {src} ({bw / 1e9:.2f} GB/s, same run)",

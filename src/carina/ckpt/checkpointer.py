@@ -69,7 +69,7 @@ class Checkpointer:
         self._stager = Stager(factory, device_snapshot=config.device_snapshot)
         if config.arena_bytes:
             self._stager.preallocate(config.arena_bytes)
-        self._writer = make_writer(config.writer)
+        self._writer = make_writer(config.writer, nice=config.writer_nice)
         self._next_arena = 0
         self._hooked: set[int] = set()
         self._lenders: dict[int, Any] = {}  # id -> an object lending host state under our write guard

@@ -60,9 +60,10 @@ class Writer(ABC):
 
     kind: WriterKind
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
         self._errors: list[BaseException] = []
         self._durable: dict[int, float] = {}
+        self.nice = nice  # added to the writer's own niceness where it runs apart from the trainer
 
     def durable_at(self, step: int) -> float | None:
         """When ``step`` became durable (``time.monotonic()``) if a recent job of this writer committed it."""
@@ -132,12 +133,12 @@ def _engine() -> Any:
 
 
 class SyncWriter(Writer):
-    """Writes inside ``save()``."""
+    """Writes inside ``save()`` (in the trainer's thread: ``nice`` is not applied)."""
 
     kind = WriterKind.SYNC
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, nice: int = 0) -> None:
+        super().__init__(nice)
         self._engine = _engine()
 
     def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
@@ -159,8 +160,8 @@ class ThreadWriter(Writer):
 
     kind = WriterKind.THREAD
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, nice: int = 0) -> None:
+        super().__init__(nice)
         self._queue: queue.Queue[tuple[CommitJob, Snapshot] | None] = queue.Queue()
         self._inflight: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -169,6 +170,7 @@ class ThreadWriter(Writer):
         self._thread.start()
 
     def _run(self) -> None:
+        _renice(self.nice, threading.get_native_id())  # Linux: a thread's id names it alone
         while (item := self._queue.get()) is not None:
             job, snap = item
             arena = snap.arena
@@ -209,8 +211,8 @@ class ForkWriter(Writer):
 
     kind = WriterKind.FORK
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, nice: int = 0) -> None:
+        super().__init__(nice)
         self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
         self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
         self.queued = forkwrite.prepare()  # io_uring for the grandchild's writes (imported here, not in a fork)
@@ -235,7 +237,7 @@ class ForkWriter(Writer):
             pid = os.fork()
         if pid == 0:  # child: write, commit, _exit; never return into the trainer
             os.close(read_fd)
-            _child_main(job, image, write_fd)
+            _child_main(job, image, write_fd, self.nice)
         os.close(write_fd)
         self._child = (pid, read_fd, arena, job)
 
@@ -278,10 +280,11 @@ class ForkWriter(Writer):
 _STAMP = struct.Struct("<d")
 
 
-def _child_main(job: CommitJob, image: memoryview, error_fd: int) -> None:
+def _child_main(job: CommitJob, image: memoryview, error_fd: int, nice: int) -> None:
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _renice(nice, 0)  # the grandchild inherits it
         when = run_job(job, image, forkwrite.forked_write)  # the bytes from a grandchild, the checksums meanwhile
         os.write(error_fd, _STAMP.pack(when))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
@@ -307,13 +310,13 @@ class ProcessWriter(Writer):
 
     kind = WriterKind.PROCESS
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
         import multiprocessing as mp
 
-        super().__init__()
+        super().__init__(nice)
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_process_main, args=(child_conn,), name="carina-ckpt-writer", daemon=True)
+        self._proc = ctx.Process(target=_process_main, args=(child_conn, nice), name="carina-ckpt-writer", daemon=True)
         self._proc.start()
         child_conn.close()
         self._inflight: deque[tuple[int, int]] = deque()  # (arena, step)
@@ -379,9 +382,10 @@ class ProcessWriter(Writer):
         self._conn.close()
 
 
-def _process_main(conn: Any) -> None:
+def _process_main(conn: Any, nice: int = 0) -> None:
     from carina.ckpt.shm import attach
 
+    _renice(nice, 0)
     attached: dict[str, Any] = {}
     engine = _engine()
     write = engine_writer(engine)
@@ -400,12 +404,21 @@ def _process_main(conn: Any) -> None:
         shm.close()
 
 
-def make_writer(kind: WriterKind) -> Writer:
-    """A writer of ``kind``."""
+def _renice(nice: int, who: int) -> None:
+    """Add ``nice`` to the niceness of process or (Linux) thread ``who`` (0: the caller); never fatal."""
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, who, min(19, os.getpriority(os.PRIO_PROCESS, who) + nice))
+        except OSError:
+            pass  # not permitted here: the writer runs at the trainer's priority
+
+
+def make_writer(kind: WriterKind, nice: int = 0) -> Writer:
+    """A writer of ``kind`` that adds ``nice`` to its own niceness (not the ``sync`` writer's)."""
     classes: dict[WriterKind, type[Writer]] = {
         WriterKind.FORK: ForkWriter,
         WriterKind.PROCESS: ProcessWriter,
         WriterKind.THREAD: ThreadWriter,
         WriterKind.SYNC: SyncWriter,
     }
-    return classes[kind]()
+    return classes[kind](nice)
