@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from carina.ckpt import commit
+from carina.ckpt import commit, writers
 
 
 def _direct_ok(where: Path) -> bool:
@@ -99,7 +99,7 @@ def test_engine_writer_feeds_more_chunks_than_the_queue_holds(tmp_path: Path, mo
     monkeypatch.setattr(commit, "CHUNK", 64 << 10)
     data = random.Random(3).randbytes((37 << 16) + 555)  # 38 chunks through a queue of 2
     with IOEngine(IOConfig(queue_depth=2)) as engine:
-        finish = commit.engine_writer(engine)(str(tmp_path / "f"), memoryview(data))
+        finish = writers.engine_writer(engine)(str(tmp_path / "f"), memoryview(data))
         crc = crc32(data)  # what run_job does while the feeder submits
         finish()
     assert (tmp_path / "f").read_bytes() == data and crc == crc32((tmp_path / "f").read_bytes())
@@ -120,7 +120,7 @@ def test_engine_writer_raises_a_failed_submission(tmp_path: Path, monkeypatch: p
             return real(handle, offset, buf)
 
         monkeypatch.setattr(engine, "write", flaky)
-        finish = commit.engine_writer(engine)(str(tmp_path / "f"), memoryview(bytes(10 << 16)))
+        finish = writers.engine_writer(engine)(str(tmp_path / "f"), memoryview(bytes(10 << 16)))
         with pytest.raises(OSError) as info:
             finish()
         assert info.value.errno == 28 and len(calls) == 3

@@ -2,8 +2,7 @@
 
 This is the code a writer runs, in a thread, a spawned process or a forked
 child. It uses only ``os``, ``json`` and the CRC-32 of :mod:`carina.ckpt.checksum` on a
-memoryview built before the writer started (no torch, no CUDA, no locks a fork could have copied held);
-only :func:`engine_writer`, which a forked child never uses, starts a thread.
+memoryview built before the writer started (no torch, no CUDA, no locks a fork could have copied held).
 
 Protocol, per checkpoint ``step_N``::
 
@@ -26,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,7 +41,6 @@ __all__ = [
     "LATEST",
     "CommitJob",
     "committed_steps",
-    "engine_writer",
     "fault_hook",
     "fault_phase",
     "fsync_dir",
@@ -224,49 +221,6 @@ def write_file(path: str, data: memoryview) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def engine_writer(engine: Any) -> Writer:
-    """A :data:`Writer` that moves the bytes through a :class:`carina.io.IOEngine` (O_DIRECT when it can).
-
-    Used by the thread, process and sync writers; the forked child keeps to its
-    grandchild because it must not start threads. A feeder thread submits the
-    chunks (it blocks whenever the engine's queue depth is full: a state larger than
-    ``queue_depth x CHUNK``), so the caller computes the checksums while the disk
-    works from the first chunk to the last; the returned function waits for the
-    feeder and the writes, and fsyncs.
-    """
-
-    def write(path: str, data: memoryview) -> Callable[[], None]:
-        handle = engine.open(path, "w", size=len(data))
-        futures: list[Any] = []
-        failed: list[BaseException] = []
-
-        def feed() -> None:
-            try:
-                for off in range(0, len(data), CHUNK):
-                    futures.append(engine.write(handle, off, data[off : off + CHUNK]))
-            except BaseException as exc:  # noqa: BLE001 - raised by finish() in the caller's thread
-                failed.append(exc)
-
-        feeder = threading.Thread(target=feed, name="carina-ckpt-feed", daemon=True)
-        feeder.start()
-
-        def finish() -> None:
-            try:
-                feeder.join()
-                for fut in futures:
-                    fut.result()
-                if failed:
-                    raise failed[0]
-                _phase("data_chunk")
-                engine.fsync(handle)
-            finally:
-                engine.close_file(handle)
-
-        return finish
-
-    return write
 
 
 def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> float:

@@ -1,4 +1,4 @@
-"""The forked writer's :data:`carina.ckpt.commit.Writer`: the bytes go out from a grandchild.
+"""The ``fork`` writer (:class:`ForkWriter`): its child's bytes go out from a grandchild.
 
 A forked child must not start threads, so it cannot overlap its checksums with
 the disk's work the way carina.io does for the other writers. It can fork
@@ -27,12 +27,21 @@ import errno
 import os
 import pickle
 import signal
+import struct
+import warnings
+from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from carina.ckpt import commit
+from carina.ckpt.commit import CommitJob, run_job
+from carina.ckpt.writers import Writer, WriterKind, renice, unpickle_error
 from carina.core.errors import CheckpointError
 
-__all__ = ["CHUNK", "DEPTH", "forked_write", "prepare", "queued_direct"]
+if TYPE_CHECKING:
+    from carina.ckpt.staging import Snapshot
+
+__all__ = ["CHUNK", "DEPTH", "ForkWriter", "forked_write", "prepare", "queued_direct"]
 
 #: Bytes per direct write of the grandchild, and how many it keeps in flight.
 CHUNK, DEPTH = 16 << 20, 8
@@ -118,3 +127,94 @@ def forked_write(path: str, data: memoryview, aligned: commit.AlignedWriter = qu
             raise pickle.loads(message) if message else CheckpointError("writer grandchild failed", path=path)
 
     return finish
+
+
+class ForkWriter(Writer):
+    """Forks one child per snapshot; children run one at a time, in order."""
+
+    kind = WriterKind.FORK
+
+    def __init__(self, nice: int = 0) -> None:
+        super().__init__(nice)
+        self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
+        self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
+        self.queued = prepare()  # io_uring for the grandchild's writes (imported here, not in a fork)
+
+    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        self._pending.append((job, snap))
+        self._pump()
+
+    def _pump(self, block: bool = False) -> None:
+        if self._child is not None or not self._pending:
+            return
+        job, snap = self._pending[0]
+        if block:
+            snap.wait()
+        elif not snap.ready():
+            return  # staging still copying: fork only once the arena is complete
+        self._pending.popleft()
+        image, arena = snap.view(), snap.arena
+        read_fd, write_fd = os.pipe()
+        with warnings.catch_warnings():  # the child follows the fork rules: no locks, no threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # child: write, commit, _exit; never return into the trainer
+            os.close(read_fd)
+            _child_main(job, image, write_fd, self.nice)
+        os.close(write_fd)
+        self._child = (pid, read_fd, arena, job)
+
+    def _reap(self, block: bool) -> bool:
+        if self._child is None:
+            return False
+        pid, read_fd, _, job = self._child
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        if done == 0:
+            return False
+        message = os.read(read_fd, 1 << 16)
+        os.close(read_fd)
+        self._child = None
+        if os.WIFSIGNALED(status):
+            sig = signal.Signals(os.WTERMSIG(status)).name
+            self._errors.append(CheckpointError(f"writer child killed by {sig}", key=f"step {job.step}"))
+        elif os.WEXITSTATUS(status) != 0:
+            self._errors.append(unpickle_error(message, job.step))
+        elif len(message) == _STAMP.size:
+            self._record(job.step, _STAMP.unpack(message)[0])
+        return True
+
+    def _busy(self) -> set[int]:
+        self._pump()  # a snapshot still copying at submit is forked here, once its copy is done
+        while self._reap(block=False):
+            self._pump()
+        busy = {snap.arena for _, snap in self._pending}
+        if self._child is not None:
+            busy.add(self._child[2])
+        return busy
+
+    def _wait(self) -> None:
+        self._pump(block=True)
+        while self._child is not None:
+            self._reap(block=True)
+            self._pump(block=True)
+
+
+#: A forked child's success message: when its step was durable.
+_STAMP = struct.Struct("<d")
+
+
+def _child_main(job: CommitJob, image: memoryview, error_fd: int, nice: int) -> None:
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        renice(nice, 0)  # the grandchild inherits it
+        when = run_job(job, image, forked_write)  # the bytes from a grandchild, the checksums meanwhile
+        os.write(error_fd, _STAMP.pack(when))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
+        code = 1
+        try:
+            os.write(error_fd, pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - unpicklable error: send its text
+            os.write(error_fd, repr(exc).encode()[:4096])
+    finally:
+        os._exit(code)

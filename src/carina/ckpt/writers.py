@@ -3,7 +3,7 @@
 =========  ==============================================================
 ``fork``   CRUM-style: fork a child that checksums the arena while its own
            forked grandchild writes it (O_DIRECT, fsync), then commits and
-           ``_exit``\\ s (carina.ckpt.forkwrite). Neither touches torch or CUDA.
+           ``_exit``\\ s (carina.ckpt.forkwrite.ForkWriter). Neither touches torch or CUDA.
 ``process`` a persistent spawned process reading a shared-memory arena;
            only (job, arena name) crosses the pipe.
 ``thread`` a background thread in the trainer process.
@@ -24,22 +24,30 @@ import enum
 import os
 import pickle
 import queue
-import signal
-import struct
 import threading
-import warnings
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from carina.ckpt import forkwrite
-from carina.ckpt.commit import CommitJob, engine_writer, run_job
+from carina.ckpt import commit
+from carina.ckpt.commit import CommitJob, run_job
 from carina.core.errors import CarinaError, CheckpointError
 
 if TYPE_CHECKING:
     from carina.ckpt.staging import Snapshot
 
-__all__ = ["ForkWriter", "ProcessWriter", "SyncWriter", "ThreadWriter", "Writer", "WriterKind", "make_writer"]
+__all__ = [
+    "ProcessWriter",
+    "SyncWriter",
+    "ThreadWriter",
+    "Writer",
+    "WriterKind",
+    "engine_writer",
+    "make_writer",
+    "renice",
+    "unpickle_error",
+]
 
 
 class WriterKind(enum.Enum):
@@ -132,6 +140,49 @@ def _engine() -> Any:
     return IOEngine(IOConfig(direct=Direct.AUTO))
 
 
+def engine_writer(engine: Any) -> commit.Writer:
+    """A :data:`Writer` that moves the bytes through a :class:`carina.io.IOEngine` (O_DIRECT when it can).
+
+    Used by the thread, process and sync writers; the forked child keeps to its
+    grandchild because it must not start threads. A feeder thread submits the
+    chunks (it blocks whenever the engine's queue depth is full: a state larger than
+    ``queue_depth x commit.CHUNK``), so the caller computes the checksums while the disk
+    works from the first chunk to the last; the returned function waits for the
+    feeder and the writes, and fsyncs.
+    """
+
+    def write(path: str, data: memoryview) -> Callable[[], None]:
+        handle = engine.open(path, "w", size=len(data))
+        futures: list[Any] = []
+        failed: list[BaseException] = []
+
+        def feed() -> None:
+            try:
+                for off in range(0, len(data), commit.CHUNK):
+                    futures.append(engine.write(handle, off, data[off : off + commit.CHUNK]))
+            except BaseException as exc:  # noqa: BLE001 - raised by finish() in the caller's thread
+                failed.append(exc)
+
+        feeder = threading.Thread(target=feed, name="carina-ckpt-feed", daemon=True)
+        feeder.start()
+
+        def finish() -> None:
+            try:
+                feeder.join()
+                for fut in futures:
+                    fut.result()
+                if failed:
+                    raise failed[0]
+                commit.fault_phase("data_chunk")
+                engine.fsync(handle)
+            finally:
+                engine.close_file(handle)
+
+        return finish
+
+    return write
+
+
 class SyncWriter(Writer):
     """Writes inside ``save()`` (in the trainer's thread: ``nice`` is not applied)."""
 
@@ -170,7 +221,7 @@ class ThreadWriter(Writer):
         self._thread.start()
 
     def _run(self) -> None:
-        _renice(self.nice, threading.get_native_id())  # Linux: a thread's id names it alone
+        renice(self.nice, threading.get_native_id())  # Linux: a thread's id names it alone
         while (item := self._queue.get()) is not None:
             job, snap = item
             arena = snap.arena
@@ -206,98 +257,8 @@ class ThreadWriter(Writer):
         self._engine.close()
 
 
-class ForkWriter(Writer):
-    """Forks one child per snapshot; children run one at a time, in order."""
-
-    kind = WriterKind.FORK
-
-    def __init__(self, nice: int = 0) -> None:
-        super().__init__(nice)
-        self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
-        self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
-        self.queued = forkwrite.prepare()  # io_uring for the grandchild's writes (imported here, not in a fork)
-
-    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
-        self._pending.append((job, snap))
-        self._pump()
-
-    def _pump(self, block: bool = False) -> None:
-        if self._child is not None or not self._pending:
-            return
-        job, snap = self._pending[0]
-        if block:
-            snap.wait()
-        elif not snap.ready():
-            return  # staging still copying: fork only once the arena is complete
-        self._pending.popleft()
-        image, arena = snap.view(), snap.arena
-        read_fd, write_fd = os.pipe()
-        with warnings.catch_warnings():  # the child follows the fork rules: no locks, no threads
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # child: write, commit, _exit; never return into the trainer
-            os.close(read_fd)
-            _child_main(job, image, write_fd, self.nice)
-        os.close(write_fd)
-        self._child = (pid, read_fd, arena, job)
-
-    def _reap(self, block: bool) -> bool:
-        if self._child is None:
-            return False
-        pid, read_fd, _, job = self._child
-        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-        if done == 0:
-            return False
-        message = os.read(read_fd, 1 << 16)
-        os.close(read_fd)
-        self._child = None
-        if os.WIFSIGNALED(status):
-            sig = signal.Signals(os.WTERMSIG(status)).name
-            self._errors.append(CheckpointError(f"writer child killed by {sig}", key=f"step {job.step}"))
-        elif os.WEXITSTATUS(status) != 0:
-            self._errors.append(_unpickle_error(message, job.step))
-        elif len(message) == _STAMP.size:
-            self._record(job.step, _STAMP.unpack(message)[0])
-        return True
-
-    def _busy(self) -> set[int]:
-        self._pump()  # a snapshot still copying at submit is forked here, once its copy is done
-        while self._reap(block=False):
-            self._pump()
-        busy = {snap.arena for _, snap in self._pending}
-        if self._child is not None:
-            busy.add(self._child[2])
-        return busy
-
-    def _wait(self) -> None:
-        self._pump(block=True)
-        while self._child is not None:
-            self._reap(block=True)
-            self._pump(block=True)
-
-
-#: A forked child's success message: when its step was durable.
-_STAMP = struct.Struct("<d")
-
-
-def _child_main(job: CommitJob, image: memoryview, error_fd: int, nice: int) -> None:
-    code = 0
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        _renice(nice, 0)  # the grandchild inherits it
-        when = run_job(job, image, forkwrite.forked_write)  # the bytes from a grandchild, the checksums meanwhile
-        os.write(error_fd, _STAMP.pack(when))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
-        code = 1
-        try:
-            os.write(error_fd, pickle.dumps(exc))
-        except Exception:  # noqa: BLE001 - unpicklable error: send its text
-            os.write(error_fd, repr(exc).encode()[:4096])
-    finally:
-        os._exit(code)
-
-
-def _unpickle_error(message: bytes, step: int | None) -> BaseException:
+def unpickle_error(message: bytes, step: int | None) -> BaseException:
+    """The error a writer process sent: a pickled exception, or its text."""
     try:
         exc = pickle.loads(message)
     except Exception:  # noqa: BLE001 - not a pickle: the child sent text
@@ -361,7 +322,7 @@ class ProcessWriter(Writer):
                     return
                 _, step = self._inflight.popleft()
                 if error is not None:
-                    self._errors.append(_unpickle_error(error, step=step))
+                    self._errors.append(unpickle_error(error, step=step))
                 else:
                     self._record(step, when)
 
@@ -385,7 +346,7 @@ class ProcessWriter(Writer):
 def _process_main(conn: Any, nice: int = 0) -> None:
     from carina.ckpt.shm import attach
 
-    _renice(nice, 0)
+    renice(nice, 0)
     attached: dict[str, Any] = {}
     engine = _engine()
     write = engine_writer(engine)
@@ -404,7 +365,7 @@ def _process_main(conn: Any, nice: int = 0) -> None:
         shm.close()
 
 
-def _renice(nice: int, who: int) -> None:
+def renice(nice: int, who: int) -> None:
     """Add ``nice`` to the niceness of process or (Linux) thread ``who`` (0: the caller); never fatal."""
     if nice:
         try:
@@ -415,6 +376,8 @@ def _renice(nice: int, who: int) -> None:
 
 def make_writer(kind: WriterKind, nice: int = 0) -> Writer:
     """A writer of ``kind`` that adds ``nice`` to its own niceness (not the ``sync`` writer's)."""
+    from carina.ckpt.forkwrite import ForkWriter  # it builds on this module
+
     classes: dict[WriterKind, type[Writer]] = {
         WriterKind.FORK: ForkWriter,
         WriterKind.PROCESS: ProcessWriter,
