@@ -12,13 +12,14 @@ interval and a bootstrap interval (carina.ckpt.overhead), the null estimate of
 the clean blocks against each other (the noise floor), and the goal's verdict:
 ``met`` (interval <= 3.5 %), ``missed`` (interval above it), ``unresolved``, or
 ``n/a`` when K x step < 2 x the time to persist: the larger of state bytes / the
-disk's write bandwidth (measured in the same run) and the slowest save of the
-blocks. ``--intervals auto`` takes, per method, the shortest K with K x step >=
-``--interval-factor`` (2.5) x the slowest of ``--calib-saves`` timed saves made
-after the warm-up ones (or the ideal persist time if longer): the hardest case
-the goal applies to, with a margin for step-time drift and slower saves (in
-session 7 K was sized on the ideal persist time, 2x; the base step fell 6 % and
-the saves took up to 1.25x the ideal, so the goal stopped applying mid-run).
+disk's write bandwidth (measured in the same run) and the median save of the
+blocks (the slowest is reported too). ``--intervals auto`` takes, per method,
+the shortest K with K x step >= ``--interval-factor`` (2.5) x the slowest of
+``--calib-saves`` timed saves made after the warm-up ones (or the ideal persist
+time if longer): the hardest case the goal applies to, with a margin for a
+drifting step time and slower saves (session 7 sized K at 2x the ideal persist
+time; its saves took longer and its base step fell, so the goal stopped applying
+partway through the run).
 Pairs are added while the method's share of ``--budget-s`` lasts; the
 record is written after every pair, with every step time.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import math
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -203,9 +205,11 @@ def summarize(name: str, out: dict[str, Any], persist_s: float) -> dict[str, Any
         return {**row, "note": "fewer than 2 checkpointed blocks"}
     est = paired_overhead(ckpt, clean, k)
     interval_s = k * est.base_step_s
-    persist = max([persist_s, *(b["durable_s"] for b in out["ckpt"])])  # the ideal time, or the slowest save
+    durables = [b["durable_s"] for b in out["ckpt"]]
+    persist = max(persist_s, statistics.median(durables))  # the ideal time, or the blocks' median save if longer
     applies = interval_s >= 2 * persist
     row.update({"interval_s": round(interval_s, 3), "persist_s": round(persist, 3),
+                "persist_max_s": round(max(durables), 3),
                 "interval_over_persist": round(interval_s / persist, 3), "overhead_pct": round(est.pct, 3),
                 "ci95_pct": _r3(est.ci_pct), "bootstrap95_pct": _r3(est.bootstrap_pct),
                 "per_block_pct": _r3(est.per_block_pct), "in_flight_pct": round(est.in_flight_pct, 3),
@@ -253,10 +257,11 @@ def write(args: Any, run: dict[str, Any]) -> None:
              "against the mean step of the clean blocks before and after it; overhead = excess / (K x base step), "
              "mean over blocks with a 95 % Student-t interval (and a seeded bootstrap); null = the inner clean "
              "blocks against their neighbours; verdict met / missed / unresolved from the t interval against "
-             f"{GOAL_PCT} %, n/a when K x step < 2 x persist_s (the ideal bytes / disk bw, or the slowest save of the "
-             f"blocks if longer); auto K: K x step >= {args.interval_factor} x the slowest of {args.calib_saves} "
-             "timed calibration saves (metrics.methods.<m>.calibration); verdict_in_flight the same from blocking + "
-             "the in-flight steps only (less noisy; it assumes steps after durable cost nothing: after_durable_pct). "
+             f"{GOAL_PCT} %, n/a when K x step < 2 x persist_s (the ideal bytes / disk bw, or the blocks' median save "
+             f"if longer; persist_max_s the slowest); auto K: K x step >= {args.interval_factor} x the slowest of "
+             f"{args.calib_saves} timed calibration saves (metrics.methods.<m>.calibration); verdict_in_flight "
+             "the same from blocking + the in-flight steps only (less noisy; it assumes steps after durable cost "
+             "nothing: after_durable_pct). "
              "Every step time is in metrics.methods.")  # fmt: skip
     name = args.name or f"ckpt_overhead_paired_{args.device}"
     rec = make_record(name=name, figures=figures, config=cfg, metrics={"summary": summary, **run}, notes=notes,
