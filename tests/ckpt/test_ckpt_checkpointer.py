@@ -288,3 +288,48 @@ def test_writer_starts_once_a_late_copy_finishes(tmp_path: Path, writer: str, mo
                 break
             time.sleep(0.01)
         assert committed_steps(str(tmp_path)) == [3]
+
+
+def test_durable_at_is_the_commit_not_the_retention(tmp_path: Path, writer: str) -> None:
+    """Each writer reports when a step became durable: after save() began, before retention finished."""
+    import time
+
+    state = make_state(0)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind(writer), keep_last=1)) as ckpt:
+        ckpt.save(1, state)
+        ckpt.wait()
+        before = time.monotonic()
+        ckpt.save(2, state)
+        ckpt.wait()
+        after = time.monotonic()
+        when = [ckpt.durable_at(1), ckpt.durable_at(2)]
+        assert ckpt.durable_at(3) is None
+        assert committed_steps(str(tmp_path)) == [2]  # wait() includes the retention that deleted step 1
+    assert when[0] is not None and when[1] is not None
+    assert when[0] < before <= when[1] <= after
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork", "process"])
+def test_the_writer_runs_niced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """The writer adds writer_nice to its own niceness; the trainer keeps its own."""
+    import threading
+
+    from carina.ckpt import commit
+
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = tmp_path / "nice"
+
+    def hook(phase: str, step: int) -> None:  # in the writer thread, or the fork child
+        if phase == "begin":
+            seen.write_text(str(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+
+    monkeypatch.setattr(commit, "fault_hook", hook)
+    with Checkpointer(Config(dir=str(tmp_path / "c"), writer=WriterKind(kind), writer_nice=5)) as ckpt:
+        ckpt.save(1, make_state(0))
+        ckpt.wait()
+        if kind == "process":  # spawned: the hook does not follow it there
+            seen.write_text(str(os.getpriority(os.PRIO_PROCESS, ckpt._writer._proc.pid)))  # type: ignore[attr-defined]
+    assert int(seen.read_text()) == min(19, mine + 5)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine
+    with pytest.raises(ConfigError, match="writer_nice"):
+        Config(dir=str(tmp_path), writer_nice=20)

@@ -95,5 +95,6 @@ def test_bench_json(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     rows = {r["method"]: r for r in json.loads(res.output)}
     assert set(rows) == {"carina-thread", "carina-sync", "torch.save"}
-    assert all(r["durable_s"] >= r["blocking_s"] > 0 for r in rows.values())
+    # durable once latest names the save; done after retention too (the sync writer is durable inside save())
+    assert all(r["done_s"] >= max(r["durable_s"], r["blocking_s"]) and r["durable_s"] > 0 for r in rows.values())
     assert list(tmp_path.iterdir()) == []  # cleans up after itself

@@ -6,10 +6,11 @@ import mmap
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from carina.ckpt import commit
+from carina.ckpt import commit, writers
 
 
 def _direct_ok(where: Path) -> bool:
@@ -88,3 +89,38 @@ def test_a_filesystem_refusing_direct_io_falls_back(tmp_path: Path, monkeypatch:
     data = random.Random(5).randbytes(2 * 4096 + 9)
     commit.write_file_direct(str(tmp_path / "f"), _arena(data))
     assert (tmp_path / "f").read_bytes() == data
+
+
+def test_engine_writer_feeds_more_chunks_than_the_queue_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of many more chunks than the engine's queue depth lands exactly; the caller ran meanwhile."""
+    from carina.ckpt.checksum import crc32
+    from carina.io import IOConfig, IOEngine
+
+    monkeypatch.setattr(commit, "CHUNK", 64 << 10)
+    data = random.Random(3).randbytes((37 << 16) + 555)  # 38 chunks through a queue of 2
+    with IOEngine(IOConfig(queue_depth=2)) as engine:
+        finish = writers.engine_writer(engine)(str(tmp_path / "f"), memoryview(data))
+        crc = crc32(data)  # what run_job does while the feeder submits
+        finish()
+    assert (tmp_path / "f").read_bytes() == data and crc == crc32((tmp_path / "f").read_bytes())
+
+
+def test_engine_writer_raises_a_failed_submission(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error in the feeder thread is raised by finish() in the caller's thread."""
+    from carina.io import IOConfig, IOEngine
+
+    monkeypatch.setattr(commit, "CHUNK", 64 << 10)
+    with IOEngine(IOConfig(queue_depth=2)) as engine:
+        real, calls = engine.write, []
+
+        def flaky(handle: Any, offset: int, buf: Any) -> Any:
+            calls.append(offset)
+            if len(calls) == 3:
+                raise OSError(28, "No space left on device (test)")
+            return real(handle, offset, buf)
+
+        monkeypatch.setattr(engine, "write", flaky)
+        finish = writers.engine_writer(engine)(str(tmp_path / "f"), memoryview(bytes(10 << 16)))
+        with pytest.raises(OSError) as info:
+            finish()
+        assert info.value.errno == 28 and len(calls) == 3

@@ -69,7 +69,7 @@ class Checkpointer:
         self._stager = Stager(factory, device_snapshot=config.device_snapshot)
         if config.arena_bytes:
             self._stager.preallocate(config.arena_bytes)
-        self._writer = make_writer(config.writer)
+        self._writer = make_writer(config.writer, nice=config.writer_nice)
         self._next_arena = 0
         self._hooked: set[int] = set()
         self._lenders: dict[int, Any] = {}  # id -> an object lending host state under our write guard
@@ -174,6 +174,13 @@ class Checkpointer:
     def in_flight(self) -> bool:
         """Whether a save is still being staged or written (never blocks; starts ready writers)."""
         return bool(self._writer.busy())
+
+    def durable_at(self, step: int) -> float | None:
+        """When the save of ``step`` became durable here (``time.monotonic()``), None if not (yet) known.
+
+        That is before its job is done: retention of older checkpoints follows it (a recent step only).
+        """
+        return self._writer.durable_at(step)
 
     def wait(self) -> None:
         """Block until every save is committed.

@@ -41,11 +41,12 @@ __all__ = [
     "LATEST",
     "CommitJob",
     "committed_steps",
-    "engine_writer",
     "fault_hook",
+    "fault_phase",
     "fsync_dir",
     "pwrite_file",
     "write_file_direct",
+    "serial_direct",
     "prune",
     "run_job",
     "step_dir_name",
@@ -107,6 +108,10 @@ def _phase(name: str) -> None:
         fault_hook(name, _current_step)
 
 
+#: :data:`fault_hook`'s call point, for writers outside this module.
+fault_phase = _phase
+
+
 def fsync_dir(path: str) -> None:
     """Make a directory's entries (creations, renames) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -141,15 +146,33 @@ def _address(data: memoryview) -> int | None:
     return ctypes.addressof(ctypes.c_char.from_buffer(data))
 
 
-def write_file_direct(path: str, data: memoryview) -> None:
+#: Writes the aligned head ``[0, head)`` of a buffer at ``addr`` to an O_DIRECT descriptor; returns bytes written.
+AlignedWriter = Callable[[int, memoryview, int, int], int]
+
+
+def serial_direct(fd: int, data: memoryview, addr: int, head: int) -> int:
+    """The plain :data:`AlignedWriter`: synchronous ``pwrite``\\ s of up to :data:`CHUNK` bytes, one at a time."""
+    done = 0
+    while done < head:
+        n = os.pwrite(fd, data[done : min(done + CHUNK, head)], done)
+        done += n
+        if n % _ALIGN:  # a short direct write (rare): the rest goes through the page cache
+            break
+        _phase("data_chunk")
+    return done
+
+
+def write_file_direct(path: str, data: memoryview, aligned: AlignedWriter = serial_direct) -> None:
     """Write ``data`` to a new file bypassing the page cache where it can, and fsync it (no threads).
 
-    The forked writer's path: the aligned head of a page-aligned buffer (a staging arena) goes out
-    with synchronous ``O_DIRECT`` ``pwrite``\\ s of up to :data:`CHUNK` bytes, the last partial block
-    through the page cache, then one fsync. Buffered writes copy every byte into the page cache and
-    leave it to writeback; on the H200 machine that path (``torch.save``'s too) ran at about a quarter
-    of the disk's O_DIRECT bandwidth. Falls back to :func:`write_file` where the buffer is unaligned or
-    read-only, or the filesystem refuses ``O_DIRECT`` (``EINVAL``, e.g. older tmpfs).
+    The forked writer's path: the file is preallocated to its size (so no write extends it: a
+    filesystem may serialize extending direct writes), the aligned head of a page-aligned buffer (a
+    staging arena) goes out with ``O_DIRECT`` through ``aligned`` (:func:`serial_direct`, or the
+    queued writer of :mod:`carina.ckpt.forkwrite`), the last partial block through the page cache,
+    then one fsync. Buffered writes copy every byte into the page cache and leave it to writeback; on
+    the H200 machine that path (``torch.save``'s too) ran at about a quarter of the disk's O_DIRECT
+    bandwidth. Falls back to :func:`write_file` where the buffer is unaligned or read-only, or the
+    filesystem refuses ``O_DIRECT`` (``EINVAL``, e.g. older tmpfs).
     """
     head = len(data) - len(data) % _ALIGN
     addr = _address(data) if head else None
@@ -163,14 +186,8 @@ def write_file_direct(path: str, data: memoryview) -> None:
             return write_file(path, data)
         raise
     try:
-        done = 0
-        while done < head:
-            n = os.pwrite(fd, data[done : min(done + CHUNK, head)], done)
-            if n % _ALIGN:  # a short direct write (rare): finish through the page cache
-                done += n
-                break
-            done += n
-            _phase("data_chunk")
+        _preallocate(fd, len(data))
+        done = aligned(fd, data, addr, head)
         if done < len(data):
             tail = os.open(path, os.O_WRONLY)
             try:
@@ -182,6 +199,15 @@ def write_file_direct(path: str, data: memoryview) -> None:
     finally:
         os.close(fd)
     return None
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve ``size`` bytes (ENOSPC now, not mid-write); a filesystem without fallocate is left as is."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
 
 
 def write_file(path: str, data: memoryview) -> None:
@@ -197,35 +223,13 @@ def write_file(path: str, data: memoryview) -> None:
         os.close(fd)
 
 
-def engine_writer(engine: Any) -> Writer:
-    """A :data:`Writer` that moves the bytes through a :class:`carina.io.IOEngine` (O_DIRECT when it can).
-
-    Used by the thread, process and sync writers; the forked child keeps to plain
-    ``pwrite`` because it must not start threads. The writes are in flight when it
-    returns, so checksums are computed while the disk works; the returned function
-    waits for them and fsyncs.
-    """
-
-    def write(path: str, data: memoryview) -> Callable[[], None]:
-        handle = engine.open(path, "w", size=len(data))
-        futures = [engine.write(handle, off, data[off : off + CHUNK]) for off in range(0, len(data), CHUNK)]
-
-        def finish() -> None:
-            try:
-                for fut in futures:
-                    fut.result()
-                _phase("data_chunk")
-                engine.fsync(handle)
-            finally:
-                engine.close_file(handle)
-
-        return finish
-
-    return write
-
-
-def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> None:
+def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> float:
     """Persist ``image`` (header + tensor bytes) for ``job`` and, on rank 0, commit.
+
+    Returns:
+        The ``time.monotonic()`` at which this rank's work was durable: its part file (ranks > 0),
+        the ``latest`` pointer (rank 0). Retention, which follows, is not part of it: deleting an old
+        checkpoint can take a while (an unlink on a filesystem mounted with ``discard`` trims every block).
 
     Raises:
         DeviceFull: The disk filled up; the attempt's files are removed.
@@ -247,8 +251,7 @@ def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> N
         finally:
             os.close(dir_fd)
         _phase("part")
-        if job.rank == 0:
-            _commit(job)
+        return _commit(job) if job.rank == 0 else time.monotonic()
     except OSError as exc:
         shutil.rmtree(job.tmp_dir, ignore_errors=True)
         if exc.errno == errno.ENOSPC:
@@ -292,7 +295,7 @@ def _write_json(path: str, data: Any) -> None:
     write_file(path, memoryview(text))
 
 
-def _commit(job: CommitJob) -> None:
+def _commit(job: CommitJob) -> float:
     parts = _gather_parts(job)
     manifest = Manifest(
         step=job.step,
@@ -314,11 +317,13 @@ def _commit(job: CommitJob) -> None:
     fsync_dir(job.root)
     _phase("fsync_parent")
     _point_latest(job.root, step_dir_name(job.step))
+    durable = time.monotonic()
     _phase("latest")
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     _prune(job.root, job.step, job.keep_last)
     _phase("done")
+    return durable
 
 
 def _gather_parts(job: CommitJob) -> list[tuple[ShardEntry, Any]]:

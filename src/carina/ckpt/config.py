@@ -40,6 +40,9 @@ class CheckpointConfig(Config):
             ("" : local only). Needs ``carina[ckpt]``. With several ranks each uploads its own
             shard and rank 0 the manifest, once every shard object is in the store.
         remote_options: fsspec storage options (for S3: ``endpoint_url``, ``key``, ``secret``).
+        writer_nice: Niceness the writer adds to itself (0..19; the ``fork`` child and its
+            grandchild, the ``process`` writer, the ``thread`` writer's thread on Linux): its
+            checksums and IO submissions yield a busy CPU to training. 0 leaves it as is.
     """
 
     dir: str
@@ -51,6 +54,7 @@ class CheckpointConfig(Config):
     device_snapshot: str = "auto"
     remote: str = ""
     remote_options: dict[str, Any] = field(default_factory=dict)
+    writer_nice: int = 10
 
     def validate(self) -> None:
         """Check ranges."""
@@ -61,4 +65,5 @@ class CheckpointConfig(Config):
         require(self.device_snapshot in ("auto", "on", "off"), "device_snapshot must be auto, on or off",
                 key="device_snapshot")  # fmt: skip
         require(not self.remote or "://" in self.remote, "remote must be an fsspec URL", key="remote")
+        require(0 <= self.writer_nice <= 19, "writer_nice must be in 0..19", key="writer_nice")
         require(self.commit_timeout_s > 0, "commit_timeout_s must be positive", key="commit_timeout_s")

@@ -1,15 +1,20 @@
-"""The forked writer's :data:`carina.ckpt.commit.Writer`: the bytes go out from a grandchild.
+"""The ``fork`` writer (:class:`ForkWriter`): its child's bytes go out from a grandchild.
 
 A forked child must not start threads, so it cannot overlap its checksums with
 the disk's work the way carina.io does for the other writers. It can fork
 again: the child is single-threaded, so its own fork is safe. :func:`forked_write`
 forks a grandchild that writes the file (:func:`carina.ckpt.commit.write_file_direct`:
-``O_DIRECT`` from the arena, one fsync) and ``_exit``\\ s, and returns at once; the
+``O_DIRECT`` from the arena with :func:`queued_direct`, one fsync) and ``_exit``\\ s, and returns at once; the
 child computes the checksums while the grandchild writes (``run_job`` calls the
 writer before the checksums and its ``finish`` after them), and ``finish`` waits
 for the grandchild, re-raising its error (an ``OSError`` keeps its errno, so a
 full disk is still :class:`~carina.core.errors.DeviceFull`). Both read the same
 shared arena pages; nothing is copied.
+
+The grandchild keeps :data:`DEPTH` writes of :data:`CHUNK` bytes in flight
+through an io_uring ring of its own (:class:`carina.io.backends._ring.Ring`: raw
+system calls, no thread, so it is safe in a fork), like the carina.io engine the
+other writers use; where the kernel refuses io_uring it writes them one at a time.
 
 If the child dies, the grandchild finishes its file in the attempt's temporary
 directory and exits; that directory is debris, which restore ignores and the
@@ -18,26 +23,88 @@ next commit deletes.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import signal
+import struct
+import warnings
+from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from carina.ckpt import commit
+from carina.ckpt.commit import CommitJob, run_job
+from carina.ckpt.writers import Writer, WriterKind, renice, unpickle_error
 from carina.core.errors import CheckpointError
 
-__all__ = ["forked_write"]
+if TYPE_CHECKING:
+    from carina.ckpt.staging import Snapshot
+
+__all__ = ["CHUNK", "DEPTH", "ForkWriter", "forked_write", "prepare", "queued_direct"]
+
+#: Bytes per direct write of the grandchild, and how many it keeps in flight.
+CHUNK, DEPTH = 16 << 20, 8
 
 
-def forked_write(path: str, data: memoryview) -> Callable[[], None]:
-    """Start writing ``data`` to ``path`` in a grandchild; the returned function waits and raises its error."""
+def prepare() -> bool:
+    """Import the ring module in the trainer (a forked child must not import); whether io_uring works here."""
+    try:
+        from carina.io.backends._ring import Ring
+
+        Ring(2).close()
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+def queued_direct(fd: int, data: memoryview, addr: int, head: int) -> int:
+    """The grandchild's :data:`~carina.ckpt.commit.AlignedWriter`: up to :data:`DEPTH` writes in flight.
+
+    Falls back to :func:`carina.ckpt.commit.serial_direct` where io_uring is refused.
+
+    Raises:
+        OSError: A write failed (its errno: ENOSPC for a full disk) or came back short.
+    """
+    from carina.io.backends._ring import OP_WRITE, Ring
+
+    try:
+        ring = Ring(DEPTH)
+    except OSError:
+        return commit.serial_direct(fd, data, addr, head)
+    try:
+        sent, inflight = 0, dict[int, int]()
+        while sent < head or inflight:
+            while sent < head and len(inflight) < DEPTH:
+                n = min(CHUNK, head - sent)
+                ring.prepare(OP_WRITE, fd, sent, addr + sent, n, sent)
+                inflight[sent] = n
+                sent += n
+            ring.enter(1)
+            for offset, res in ring.completions():
+                n = inflight.pop(offset)
+                if res < 0:
+                    raise OSError(-res, f"direct write at {offset}: {os.strerror(-res)}")
+                if res != n:  # short: never seen for O_DIRECT on a preallocated file; refuse rather than guess
+                    raise OSError(errno.EIO, f"short direct write at {offset}: {res} of {n} bytes")
+                commit.fault_phase("data_chunk")
+    finally:
+        ring.close()
+    return head
+
+
+def forked_write(path: str, data: memoryview, aligned: commit.AlignedWriter = queued_direct) -> Callable[[], None]:
+    """Start writing ``data`` to ``path`` in a grandchild; the returned function waits and raises its error.
+
+    ``aligned`` writes the direct part (:func:`queued_direct`; ``commit.serial_direct``: one write at a time).
+    """
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # grandchild: write the file, report, _exit; never return into the child's pipeline
         os.close(read_fd)
         code = 0
         try:
-            commit.write_file_direct(path, data)
+            commit.write_file_direct(path, data, aligned)
         except BaseException as exc:  # noqa: BLE001 - reported to the child through the pipe
             code = 1
             try:
@@ -60,3 +127,94 @@ def forked_write(path: str, data: memoryview) -> Callable[[], None]:
             raise pickle.loads(message) if message else CheckpointError("writer grandchild failed", path=path)
 
     return finish
+
+
+class ForkWriter(Writer):
+    """Forks one child per snapshot; children run one at a time, in order."""
+
+    kind = WriterKind.FORK
+
+    def __init__(self, nice: int = 0) -> None:
+        super().__init__(nice)
+        self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
+        self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
+        self.queued = prepare()  # io_uring for the grandchild's writes (imported here, not in a fork)
+
+    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        self._pending.append((job, snap))
+        self._pump()
+
+    def _pump(self, block: bool = False) -> None:
+        if self._child is not None or not self._pending:
+            return
+        job, snap = self._pending[0]
+        if block:
+            snap.wait()
+        elif not snap.ready():
+            return  # staging still copying: fork only once the arena is complete
+        self._pending.popleft()
+        image, arena = snap.view(), snap.arena
+        read_fd, write_fd = os.pipe()
+        with warnings.catch_warnings():  # the child follows the fork rules: no locks, no threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # child: write, commit, _exit; never return into the trainer
+            os.close(read_fd)
+            _child_main(job, image, write_fd, self.nice)
+        os.close(write_fd)
+        self._child = (pid, read_fd, arena, job)
+
+    def _reap(self, block: bool) -> bool:
+        if self._child is None:
+            return False
+        pid, read_fd, _, job = self._child
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        if done == 0:
+            return False
+        message = os.read(read_fd, 1 << 16)
+        os.close(read_fd)
+        self._child = None
+        if os.WIFSIGNALED(status):
+            sig = signal.Signals(os.WTERMSIG(status)).name
+            self._errors.append(CheckpointError(f"writer child killed by {sig}", key=f"step {job.step}"))
+        elif os.WEXITSTATUS(status) != 0:
+            self._errors.append(unpickle_error(message, job.step))
+        elif len(message) == _STAMP.size:
+            self._record(job.step, _STAMP.unpack(message)[0])
+        return True
+
+    def _busy(self) -> set[int]:
+        self._pump()  # a snapshot still copying at submit is forked here, once its copy is done
+        while self._reap(block=False):
+            self._pump()
+        busy = {snap.arena for _, snap in self._pending}
+        if self._child is not None:
+            busy.add(self._child[2])
+        return busy
+
+    def _wait(self) -> None:
+        self._pump(block=True)
+        while self._child is not None:
+            self._reap(block=True)
+            self._pump(block=True)
+
+
+#: A forked child's success message: when its step was durable.
+_STAMP = struct.Struct("<d")
+
+
+def _child_main(job: CommitJob, image: memoryview, error_fd: int, nice: int) -> None:
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        renice(nice, 0)  # the grandchild inherits it
+        when = run_job(job, image, forked_write)  # the bytes from a grandchild, the checksums meanwhile
+        os.write(error_fd, _STAMP.pack(when))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
+        code = 1
+        try:
+            os.write(error_fd, pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - unpicklable error: send its text
+            os.write(error_fd, repr(exc).encode()[:4096])
+    finally:
+        os._exit(code)

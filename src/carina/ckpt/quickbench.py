@@ -17,6 +17,9 @@ from typing import Any
 
 __all__ = ["quick_bench"]
 
+#: Untimed saves per carina writer: a checkpointer allocates (maps, pins) one arena in each of its first two.
+_WARMUP = 2
+
 
 def _torch_save(root: str, state: dict[str, Any], step: int) -> float:
     import torch
@@ -34,7 +37,11 @@ def _torch_save(root: str, state: dict[str, Any], step: int) -> float:
 def quick_bench(
     size_mb: int, reps: int, writers: list[str], directory: str | None = None, torch_save: bool = True
 ) -> list[dict[str, Any]]:
-    """Median blocking and time-to-durable (seconds) per writer, plus ``torch.save`` (unless not ``torch_save``)."""
+    """Median blocking, time-to-durable and time until done (seconds) per writer, plus ``torch.save``.
+
+    A carina save is durable once ``latest`` names it; its job is done once retention (``keep_last=1``:
+    the previous save is deleted) has run too. ``torch.save`` (unless not ``torch_save``) keeps every file.
+    """
     import torch
 
     from carina.ckpt.checkpointer import Checkpointer
@@ -48,25 +55,25 @@ def quick_bench(
     try:
         for name in writers:
             sub = os.path.join(root, name)
-            blocked, durable = [], []
+            blocked, durable, done = [], [], []
             cfg = CheckpointConfig(dir=sub, writer=choice(WriterKind, name, key="writers"), keep_last=1)
             with Checkpointer(cfg) as ckpt:
-                for step in range(reps + 1):  # the first save allocates arenas: left out
-                    t0 = time.perf_counter()
+                for step in range(reps + _WARMUP):  # the first two saves allocate the two arenas: left out
+                    t0 = time.monotonic()
                     ckpt.save(step, state)
-                    t1 = time.perf_counter()
+                    t1 = time.monotonic()
                     ckpt.wait()
-                    if step:
+                    if step >= _WARMUP:
                         blocked.append(t1 - t0)
-                        durable.append(time.perf_counter() - t0)
+                        done.append(time.monotonic() - t0)
+                        durable.append((ckpt.durable_at(step) or t0 + done[-1]) - t0)
             rows.append({"method": f"carina-{name}", "blocking_s": statistics.median(blocked),
-                         "durable_s": statistics.median(durable)})  # fmt: skip
+                         "durable_s": statistics.median(durable), "done_s": statistics.median(done)})  # fmt: skip
         if torch_save:
             os.makedirs(os.path.join(root, "torch"))
             times = [_torch_save(os.path.join(root, "torch"), state, i) for i in range(reps)]
-            rows.append(
-                {"method": "torch.save", "blocking_s": statistics.median(times), "durable_s": statistics.median(times)}
-            )
+            took = statistics.median(times)
+            rows.append({"method": "torch.save", "blocking_s": took, "durable_s": took, "done_s": took})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for r in rows:

@@ -3,7 +3,7 @@
 =========  ==============================================================
 ``fork``   CRUM-style: fork a child that checksums the arena while its own
            forked grandchild writes it (O_DIRECT, fsync), then commits and
-           ``_exit``\\ s (carina.ckpt.forkwrite). Neither touches torch or CUDA.
+           ``_exit``\\ s (carina.ckpt.forkwrite.ForkWriter). Neither touches torch or CUDA.
 ``process`` a persistent spawned process reading a shared-memory arena;
            only (job, arena name) crosses the pipe.
 ``thread`` a background thread in the trainer process.
@@ -13,6 +13,9 @@
 Every writer runs :func:`carina.ckpt.commit.run_job`, one job at a time, in
 submission order, and keeps a failed job's error until :meth:`Writer.check`
 or :meth:`Writer.wait` raises it: a failed background write never goes unseen.
+Each remembers when its recent steps became durable (:meth:`Writer.durable_at`,
+``time.monotonic()``, one clock for every process of the machine): retention runs
+after that point, and a job is done only once it has.
 """
 
 from __future__ import annotations
@@ -21,21 +24,30 @@ import enum
 import os
 import pickle
 import queue
-import signal
 import threading
-import warnings
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from carina.ckpt import forkwrite
-from carina.ckpt.commit import CommitJob, engine_writer, run_job
+from carina.ckpt import commit
+from carina.ckpt.commit import CommitJob, run_job
 from carina.core.errors import CarinaError, CheckpointError
 
 if TYPE_CHECKING:
     from carina.ckpt.staging import Snapshot
 
-__all__ = ["ForkWriter", "ProcessWriter", "SyncWriter", "ThreadWriter", "Writer", "WriterKind", "make_writer"]
+__all__ = [
+    "ProcessWriter",
+    "SyncWriter",
+    "ThreadWriter",
+    "Writer",
+    "WriterKind",
+    "engine_writer",
+    "make_writer",
+    "renice",
+    "unpickle_error",
+]
 
 
 class WriterKind(enum.Enum):
@@ -47,13 +59,29 @@ class WriterKind(enum.Enum):
     SYNC = "sync"
 
 
+#: Steps whose durable time a writer remembers.
+_REMEMBER = 64
+
+
 class Writer(ABC):
     """Persists staged snapshots in order; remembers failures until checked."""
 
     kind: WriterKind
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
         self._errors: list[BaseException] = []
+        self._durable: dict[int, float] = {}
+        self.nice = nice  # added to the writer's own niceness where it runs apart from the trainer
+
+    def durable_at(self, step: int) -> float | None:
+        """When ``step`` became durable (``time.monotonic()``) if a recent job of this writer committed it."""
+        self._busy()
+        return self._durable.get(step)
+
+    def _record(self, step: int, when: float) -> None:
+        self._durable[step] = when
+        while len(self._durable) > _REMEMBER:
+            del self._durable[next(iter(self._durable))]
 
     def submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         """Queue ``job`` for the staged ``snap``; its arena must stay unchanged until done.
@@ -112,18 +140,61 @@ def _engine() -> Any:
     return IOEngine(IOConfig(direct=Direct.AUTO))
 
 
+def engine_writer(engine: Any) -> commit.Writer:
+    """A :data:`Writer` that moves the bytes through a :class:`carina.io.IOEngine` (O_DIRECT when it can).
+
+    Used by the thread, process and sync writers; the forked child keeps to its
+    grandchild because it must not start threads. A feeder thread submits the
+    chunks (it blocks whenever the engine's queue depth is full: a state larger than
+    ``queue_depth x commit.CHUNK``), so the caller computes the checksums while the disk
+    works from the first chunk to the last; the returned function waits for the
+    feeder and the writes, and fsyncs.
+    """
+
+    def write(path: str, data: memoryview) -> Callable[[], None]:
+        handle = engine.open(path, "w", size=len(data))
+        futures: list[Any] = []
+        failed: list[BaseException] = []
+
+        def feed() -> None:
+            try:
+                for off in range(0, len(data), commit.CHUNK):
+                    futures.append(engine.write(handle, off, data[off : off + commit.CHUNK]))
+            except BaseException as exc:  # noqa: BLE001 - raised by finish() in the caller's thread
+                failed.append(exc)
+
+        feeder = threading.Thread(target=feed, name="carina-ckpt-feed", daemon=True)
+        feeder.start()
+
+        def finish() -> None:
+            try:
+                feeder.join()
+                for fut in futures:
+                    fut.result()
+                if failed:
+                    raise failed[0]
+                commit.fault_phase("data_chunk")
+                engine.fsync(handle)
+            finally:
+                engine.close_file(handle)
+
+        return finish
+
+    return write
+
+
 class SyncWriter(Writer):
-    """Writes inside ``save()``."""
+    """Writes inside ``save()`` (in the trainer's thread: ``nice`` is not applied)."""
 
     kind = WriterKind.SYNC
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, nice: int = 0) -> None:
+        super().__init__(nice)
         self._engine = _engine()
 
     def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         snap.wait()
-        run_job(job, snap.view(), engine_writer(self._engine))
+        self._record(job.step, run_job(job, snap.view(), engine_writer(self._engine)))
 
     def _close(self) -> None:
         self._engine.close()
@@ -140,8 +211,8 @@ class ThreadWriter(Writer):
 
     kind = WriterKind.THREAD
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, nice: int = 0) -> None:
+        super().__init__(nice)
         self._queue: queue.Queue[tuple[CommitJob, Snapshot] | None] = queue.Queue()
         self._inflight: dict[int, int] = {}
         self._lock = threading.Lock()
@@ -150,12 +221,15 @@ class ThreadWriter(Writer):
         self._thread.start()
 
     def _run(self) -> None:
+        renice(self.nice, threading.get_native_id())  # Linux: a thread's id names it alone
         while (item := self._queue.get()) is not None:
             job, snap = item
             arena = snap.arena
             try:
                 snap.wait()
-                run_job(job, snap.view(), engine_writer(self._engine))
+                when = run_job(job, snap.view(), engine_writer(self._engine))
+                with self._lock:
+                    self._record(job.step, when)
             except BaseException as exc:  # noqa: BLE001 - kept and raised at the next check()
                 with self._lock:
                     self._errors.append(exc)
@@ -183,89 +257,8 @@ class ThreadWriter(Writer):
         self._engine.close()
 
 
-class ForkWriter(Writer):
-    """Forks one child per snapshot; children run one at a time, in order."""
-
-    kind = WriterKind.FORK
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
-        self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
-
-    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
-        self._pending.append((job, snap))
-        self._pump()
-
-    def _pump(self, block: bool = False) -> None:
-        if self._child is not None or not self._pending:
-            return
-        job, snap = self._pending[0]
-        if block:
-            snap.wait()
-        elif not snap.ready():
-            return  # staging still copying: fork only once the arena is complete
-        self._pending.popleft()
-        image, arena = snap.view(), snap.arena
-        read_fd, write_fd = os.pipe()
-        with warnings.catch_warnings():  # the child follows the fork rules: no locks, no threads
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # child: write, commit, _exit; never return into the trainer
-            os.close(read_fd)
-            _child_main(job, image, write_fd)
-        os.close(write_fd)
-        self._child = (pid, read_fd, arena, job)
-
-    def _reap(self, block: bool) -> bool:
-        if self._child is None:
-            return False
-        pid, read_fd, _, job = self._child
-        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
-        if done == 0:
-            return False
-        message = os.read(read_fd, 1 << 16)
-        os.close(read_fd)
-        self._child = None
-        if os.WIFSIGNALED(status):
-            sig = signal.Signals(os.WTERMSIG(status)).name
-            self._errors.append(CheckpointError(f"writer child killed by {sig}", key=f"step {job.step}"))
-        elif os.WEXITSTATUS(status) != 0:
-            self._errors.append(_unpickle_error(message, job.step))
-        return True
-
-    def _busy(self) -> set[int]:
-        self._pump()  # a snapshot still copying at submit is forked here, once its copy is done
-        while self._reap(block=False):
-            self._pump()
-        busy = {snap.arena for _, snap in self._pending}
-        if self._child is not None:
-            busy.add(self._child[2])
-        return busy
-
-    def _wait(self) -> None:
-        self._pump(block=True)
-        while self._child is not None:
-            self._reap(block=True)
-            self._pump(block=True)
-
-
-def _child_main(job: CommitJob, image: memoryview, error_fd: int) -> None:
-    code = 0
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        run_job(job, image, forkwrite.forked_write)  # the bytes from a grandchild, the checksums meanwhile
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent through the pipe
-        code = 1
-        try:
-            os.write(error_fd, pickle.dumps(exc))
-        except Exception:  # noqa: BLE001 - unpicklable error: send its text
-            os.write(error_fd, repr(exc).encode()[:4096])
-    finally:
-        os._exit(code)
-
-
-def _unpickle_error(message: bytes, step: int | None) -> BaseException:
+def unpickle_error(message: bytes, step: int | None) -> BaseException:
+    """The error a writer process sent: a pickled exception, or its text."""
     try:
         exc = pickle.loads(message)
     except Exception:  # noqa: BLE001 - not a pickle: the child sent text
@@ -278,16 +271,16 @@ class ProcessWriter(Writer):
 
     kind = WriterKind.PROCESS
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
         import multiprocessing as mp
 
-        super().__init__()
+        super().__init__(nice)
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_process_main, args=(child_conn,), name="carina-ckpt-writer", daemon=True)
+        self._proc = ctx.Process(target=_process_main, args=(child_conn, nice), name="carina-ckpt-writer", daemon=True)
         self._proc.start()
         child_conn.close()
-        self._inflight: deque[int] = deque()
+        self._inflight: deque[tuple[int, int]] = deque()  # (arena, step)
         self._pending: deque[tuple[CommitJob, Snapshot, Any]] = deque()
         self._lock = threading.Lock()  # the pipe and queues: a snapshot's copy thread pumps too (on_ready)
 
@@ -308,7 +301,7 @@ class ProcessWriter(Writer):
                 if snap.ready():
                     self._pending.popleft()
                     self._conn.send((job, handle.name, snap.arena))
-                    self._inflight.append(snap.arena)
+                    self._inflight.append((snap.arena, job.step))
                     continue
             if not block:
                 return
@@ -322,20 +315,22 @@ class ProcessWriter(Writer):
                         return
                     continue
                 try:
-                    _arena, error = self._conn.recv()
+                    _arena, error, when = self._conn.recv()
                 except (EOFError, OSError):
                     self._errors.append(CheckpointError(f"writer process died (exit code {self._proc.exitcode})"))
                     self._inflight.clear()
                     return
-                self._inflight.popleft()
+                _, step = self._inflight.popleft()
                 if error is not None:
-                    self._errors.append(_unpickle_error(error, step=None))
+                    self._errors.append(unpickle_error(error, step=step))
+                else:
+                    self._record(step, when)
 
     def _busy(self) -> set[int]:
         self._pump()
         self._collect(block=False)
         with self._lock:
-            return set(self._inflight) | {snap.arena for _, snap, _ in self._pending}
+            return {a for a, _ in self._inflight} | {snap.arena for _, snap, _ in self._pending}
 
     def _wait(self) -> None:
         self._pump(block=True)
@@ -348,33 +343,45 @@ class ProcessWriter(Writer):
         self._conn.close()
 
 
-def _process_main(conn: Any) -> None:
+def _process_main(conn: Any, nice: int = 0) -> None:
     from carina.ckpt.shm import attach
 
+    renice(nice, 0)
     attached: dict[str, Any] = {}
     engine = _engine()
     write = engine_writer(engine)
     while (msg := conn.recv()) is not None:
         job, name, arena = msg
-        error = None
+        error, when = None, 0.0
         try:
             if name not in attached:
                 attached[name] = attach(name)
-            run_job(job, memoryview(attached[name].buf), write)
+            when = run_job(job, memoryview(attached[name].buf), write)
         except BaseException as exc:  # noqa: BLE001 - sent back to the trainer
             error = pickle.dumps(exc)
-        conn.send((arena, error))
+        conn.send((arena, error, when))
     engine.close()
     for shm in attached.values():
         shm.close()
 
 
-def make_writer(kind: WriterKind) -> Writer:
-    """A writer of ``kind``."""
+def renice(nice: int, who: int) -> None:
+    """Add ``nice`` to the niceness of process or (Linux) thread ``who`` (0: the caller); never fatal."""
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, who, min(19, os.getpriority(os.PRIO_PROCESS, who) + nice))
+        except OSError:
+            pass  # not permitted here: the writer runs at the trainer's priority
+
+
+def make_writer(kind: WriterKind, nice: int = 0) -> Writer:
+    """A writer of ``kind`` that adds ``nice`` to its own niceness (not the ``sync`` writer's)."""
+    from carina.ckpt.forkwrite import ForkWriter  # it builds on this module
+
     classes: dict[WriterKind, type[Writer]] = {
         WriterKind.FORK: ForkWriter,
         WriterKind.PROCESS: ProcessWriter,
         WriterKind.THREAD: ThreadWriter,
         WriterKind.SYNC: SyncWriter,
     }
-    return classes[kind]()
+    return classes[kind](nice)
