@@ -46,6 +46,7 @@ def problems(draw):
         grad_add=draw(st.floats(5e8, 8e9)),
         fold=draw(st.floats(1e9, 2e10)),
         cast=draw(st.floats(1e9, 2e10)),
+        host_mem=draw(st.one_of(st.just(0.0), st.floats(5e9, 3e11))),
     )
     budgets = PlanBudgets(
         device=draw(st.integers(16, 4096)) * MiB,

@@ -117,6 +117,9 @@ class OffloadConfig(Config):
         d2h_gbps: Device-to-host bandwidth for the plan (0 = measure).
         cpu_optimizer_gparams: CPU optimizer throughput in Gparam/s for the plan (0 = measure).
         disk_gbps: NVMe bandwidth for the plan (0 = assume 1.5 GB/s).
+        host_mem_gbps: Host memory bandwidth (bytes read plus written) for the plan, shared by the
+            CPU optimizer and the pinned copies (0 = measure, see
+            :func:`~carina.offload.profiler.host_memory_rate`).
         allocator_headroom: Fraction of ``device_budget`` the plan leaves unused on CUDA for
             what carina does not model: the caching allocator's fragmentation (reserved minus
             allocated bytes) and library workspaces (cuBLAS, attention kernels). The plan's
@@ -193,6 +196,7 @@ class OffloadConfig(Config):
     d2h_gbps: float = 0.0
     cpu_optimizer_gparams: float = 0.0
     disk_gbps: float = 0.0
+    host_mem_gbps: float = 0.0
     allocator_headroom: float = 0.05
     allocator: AllocatorMode = AllocatorMode.AUTO
     cpu_optimizer: CpuOptimizerImpl = CpuOptimizerImpl.AUTO
@@ -241,7 +245,7 @@ class OffloadConfig(Config):
             key="cpu_optimizer_threads",
         )
         require(self.micro_batch_tokens >= 0, "micro_batch_tokens must be >= 0 (0: unknown)", key="micro_batch_tokens")
-        for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps"):
+        for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps", "host_mem_gbps"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0", key=name)
 
     def resolved_device(self) -> str:

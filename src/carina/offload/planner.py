@@ -111,6 +111,7 @@ class Plan:
             "prefetch_depth": self.prefetch_depth,
             "overlap_optimizer": self.overlap,
             "bytes": {"device_peak": self.device_peak, "host": self.host_bytes, "nvme": self.nvme_bytes},
+            "host_memory": {"traffic_bytes_per_step": t.host_traffic, "bandwidth_bytes_per_s": t.host_bandwidth},
             "predicted_s": {
                 "compute": t.compute,
                 "h2d": t.h2d,
@@ -120,6 +121,7 @@ class Plan:
                 "cpu_fold": t.cpu_fold,
                 "cpu_cast": t.cpu_cast,
                 "disk": t.disk,
+                "host_memory": t.host_memory,
                 "step": t.predicted,
             },
             "bottleneck": t.bottleneck,

@@ -8,7 +8,11 @@ once its gradients have arrived (during backward when ``overlap``). The worker's
 time is every pass it makes over host memory: folding staged gradients into the
 float32 gradient (unless the device folds them), adding micro-batches, the
 update, and the cast into the compute-dtype host copy (unless the device casts);
-each at its measured rate, reported apart in :class:`StepTime`. Each
+each at its measured rate, reported apart in :class:`StepTime`. Host memory is a resource
+too: every byte the worker's passes read or write and every pinned DMA byte share its
+bandwidth (``Hardware.host_mem``); when the step's host traffic at that bandwidth takes longer
+than the worker's passes alone, the passes are slowed to match and the step is at least that
+long (the CPU optimizer and the copies contend for the same memory). Each
 event records the device bytes live during it and when its block's
 parameters became ready, so tests can check that a plan never exceeds its
 budget and never computes with parameters before their prefetch completed.
@@ -30,6 +34,8 @@ __all__ = [
     "resident_bytes",
     "simulate",
 ]
+
+from dataclasses import replace
 
 from carina.offload.stepmodel import (
     Action,
@@ -107,6 +113,7 @@ class _Timeline:
         self.final = True
         self.first = True
         self.cpu_terms = dict.fromkeys(("cpu_update", "cpu_fold", "cpu_cast"), 0.0)
+        self.traffic = 0  # host memory bytes read or written this step: DMA, the worker's passes, spill I/O
 
     def fetch_window(self, i: int, forward: bool) -> None:
         for j in _window(i, len(self.blocks), self.depth, forward):
@@ -117,7 +124,9 @@ class _Timeline:
             if self.ready[j] < 0:
                 b = self.prof.blocks[j]
                 wide = self.blocks[j].cast_on_device  # the float32 master crosses, the device casts
-                dt = (4 * b.numel if wide else b.param_bytes) / self.hw.h2d
+                nbytes = 4 * b.numel if wide else b.param_bytes
+                dt = nbytes / self.hw.h2d
+                self.traffic += nbytes
                 self.h2d = max(self.h2d, self.now) + dt
                 self.totals["h2d"] += dt
                 self.ready[j] = self.h2d
@@ -131,6 +140,7 @@ class _Timeline:
 
     def send_d2h(self, nbytes: int) -> float:
         dt = nbytes / self.hw.d2h
+        self.traffic += nbytes
         self.d2h = max(self.d2h, self.now) + dt
         self.totals["d2h"] += dt
         return self.d2h
@@ -157,8 +167,14 @@ class _Timeline:
         ready = self.send_d2h(numel * 4 if direct else nbytes)
         fold = 0.0 if direct else numel / (self.hw.fold if self.first else self.hw.grad_add)
         self.cpu_terms["cpu_fold"] += fold
+        if not direct:  # the staged gradient read, the float32 gradient written (and read, when adding)
+            self.traffic += nbytes + numel * (4 if self.first else 8)
         if self.final:
             update, cast_s = numel / self.hw.optim, numel / self.hw.cast if cast else 0.0
+            item = _item(nbytes, numel)
+            self.traffic += numel * (self.prof.update_bytes_per_param + (4 + item if cast else 0))
+            if extra:  # a spilled block's state is read from NVMe into RAM and written back
+                self.traffic += 2 * numel * self.prof.state_bytes_per_param
             self.cpu_terms["cpu_update"] += update
             self.cpu_terms["cpu_cast"] += cast_s
             if self.carry:
@@ -175,7 +191,9 @@ class _Timeline:
         """The updated parameters outside blocks go to the device before the first forward (it waits)."""
         prof = self.prof
         wide = prof.rest_cast_on_device and prof.copy_bytes_per_param > 0
-        dt = (4 * prof.resident_numel if wide else prof.resident_param_bytes) / self.hw.h2d
+        nbytes = 4 * prof.resident_numel if wide else prof.resident_param_bytes
+        dt = nbytes / self.hw.h2d
+        self.traffic += nbytes
         if self.gated:
             self.now = max(self.now, self.update_end[len(self.blocks)])
         self.h2d = max(self.h2d, self.now) + dt
@@ -214,6 +232,7 @@ class _Timeline:
             act_ready = 0.0
             if blocks[i].activation is Action.SWAP:  # prefetched while the block above ran backward
                 dt = prof.blocks[i].act_bytes / self.hw.h2d
+                self.traffic += prof.blocks[i].act_bytes
                 issued = self.events[-1].start if self.events else 0.0
                 self.h2d = max(self.h2d, issued) + dt
                 self.totals["h2d"] += dt
@@ -286,13 +305,32 @@ def simulate(
     Returns:
         The compute events (live device bytes, times) and the predicted step time.
     """
+    tl, step = _play(blocks, prof, hw, depth, overlap, carry)
+    host_s = tl.traffic / hw.host_mem if hw.host_mem > 0 else 0.0
+    stretch = host_s / tl.totals["cpu_optimizer"] if tl.totals["cpu_optimizer"] > 0 else 1.0
+    if stretch > 1:  # the worker's passes share host memory with the DMA: slowed to the traffic's time
+        slow = replace(hw, optim=hw.optim / stretch, fold=hw.fold / stretch, grad_add=hw.grad_add / stretch,
+                       cast=hw.cast / stretch)  # fmt: skip
+        tl, step = _play(blocks, prof, slow, depth, overlap, carry)
+    terms = {**tl.totals, "host_memory": host_s}
+    bottleneck = max(terms, key=lambda k: terms[k])
+    if stretch > 1 and bottleneck == "cpu_optimizer":
+        bottleneck = "host_memory"  # the worker waits on memory bandwidth, not on its arithmetic
+    time = StepTime(**tl.totals, predicted=max(step, host_s), bottleneck=bottleneck, **tl.cpu_terms)
+    return tl.events, replace(time, host_memory=host_s, host_traffic=tl.traffic, host_bandwidth=hw.host_mem)
+
+
+def _play(
+    blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool
+) -> tuple[_Timeline, float]:
+    """One step on a fresh timeline (two with ``carry``: the second, in steady state); its length."""
     tl = _Timeline(blocks, prof, hw, depth, overlap, carry)
     step = tl.step()
     if tl.carry:
         tl.events, tl.gated = [], True
         tl.totals = dict.fromkeys(tl.totals, 0.0)
         tl.cpu_terms = dict.fromkeys(tl.cpu_terms, 0.0)
+        tl.traffic = 0
         end = max(step, tl.now)
         step = tl.step() - end
-    bottleneck = max(tl.totals, key=lambda k: tl.totals[k])
-    return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck, **tl.cpu_terms)
+    return tl, step
