@@ -316,8 +316,12 @@ def simulate(
     bottleneck = max(terms, key=lambda k: terms[k])
     if stretch > 1 and bottleneck == "cpu_optimizer":
         bottleneck = "host_memory"  # the worker waits on memory bandwidth, not on its arithmetic
-    time = StepTime(**tl.totals, predicted=max(step, host_s), bottleneck=bottleneck, **tl.cpu_terms)
-    return tl.events, replace(time, host_memory=host_s, host_traffic=tl.traffic, host_bandwidth=hw.host_mem)
+    tot, cpu = tl.totals, tl.cpu_terms
+    time = StepTime(compute=tot["compute"], h2d=tot["h2d"], d2h=tot["d2h"], cpu_optimizer=tot["cpu_optimizer"],
+                    disk=tot["disk"], predicted=max(step, host_s), bottleneck=bottleneck, cpu_update=cpu["cpu_update"],
+                    cpu_fold=cpu["cpu_fold"], cpu_cast=cpu["cpu_cast"], host_memory=host_s, host_traffic=tl.traffic,
+                    host_bandwidth=hw.host_mem)  # fmt: skip
+    return tl.events, time
 
 
 def _play(
