@@ -18,10 +18,17 @@ for arg in "$@"; do
   lane=${arg%%=*}; rest=${arg#*=}; script=${rest%:*}; secs=${rest##*:}
   mkdir -p "/tmp/lanes/$lane"
   start=$(date +%s)
+  marker="/tmp/lanes/.start-$lane"; touch "$marker"; sleep 1  # files written after this are the lane's
   echo "== $lane: $script (limit ${secs}s)" | tee -a "$ROOT_OUT/combined.log"
   OUT="/tmp/lanes" timeout --kill-after=5 "$secs" bash "$script" > "/tmp/lanes/$lane/stdout.log" 2>&1
   rc=$?
   echo "== $lane: exit $rc after $(( $(date +%s) - start ))s" | tee -a "$ROOT_OUT/combined.log"
   tail -15 "/tmp/lanes/$lane/stdout.log" | tee -a "$ROOT_OUT/combined.log"
-  tar -C /tmp/lanes -czf "$ROOT_OUT/$lane.tgz" "$lane"
+  # Pack the lane's folder AND every file any lane script wrote under /tmp/lanes during this lane: a script
+  # writes under its own LANE name (e.g. offload/, peers8k/), which need not be this argument's name.
+  (cd /tmp/lanes && { find "$lane" -type f; find . -mindepth 2 -type f -newer "$marker" ! -path "./$lane/*" \
+    | sed 's|^\./||'; } | sort -u > "/tmp/lanes/.files-$lane")
+  others=$(grep -v "^$lane/" "/tmp/lanes/.files-$lane" | cut -d/ -f1 | sort -u | tr '\n' ' ')
+  [ -n "$others" ] && echo "== $lane: also packed what it wrote under: $others" | tee -a "$ROOT_OUT/combined.log"
+  tar -C /tmp/lanes -czf "$ROOT_OUT/$lane.tgz" -T "/tmp/lanes/.files-$lane"
 done

@@ -82,7 +82,12 @@ def watched(what: str, limit: float) -> Iterator[None]:
 
 
 def make_file(path: Path, size: int) -> None:
-    """Random bytes, written in 64 MiB pieces, fsynced and dropped from the page cache."""
+    """Random bytes, written in 64 MiB pieces, fsynced and dropped from the page cache.
+
+    ``BENCH_CAM_STALL_S`` (tests only) sleeps that long first: a pass that overruns at a known, quiet point,
+    so the watchdog's stack dump is tested without racing the interpreter's own start-up.
+    """
+    time.sleep(float(os.environ.get("BENCH_CAM_STALL_S", "0")))
     rng = np.random.default_rng(1)
     with open(path, "wb") as f:
         for _ in range(0, size, 64 << 20):

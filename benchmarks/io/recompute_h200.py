@@ -122,6 +122,14 @@ def cam_row(rec: dict[str, Any]) -> dict[str, Any]:
         f"inside noise: one repetition per path; the paths differ by {diff:.1%}, the same run's IO-only pass "
         f"and the GPU path (IO + compute) by {same_io:.1%}"
     )
+    if len(walls_gpu) == len(walls_host) > 1:  # rounds of a rotating order: which path won each, and the default
+        from carina.io._rows import AUTO_ORDER
+
+        faster = "host" if diff < 0 else "gpu"
+        won = sum((h < g) == (faster == "host") for g, h in zip(walls_gpu, walls_host, strict=True))
+        met = "met" if AUTO_ORDER[0] == faster else "not met"
+        status = (f"{met}: {status}; {faster}-initiated faster by the medians ({abs(diff):.1%}) and in {won} of "
+                  f"{len(walls_gpu)} rounds; RowGather's auto tries {AUTO_ORDER[0]} first")  # fmt: skip
     return {
         "figure": "gpu_over_host_initiated_gather",
         "goal": "faster of GPU- and host-initiated gathers becomes the default",

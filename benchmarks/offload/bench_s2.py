@@ -503,6 +503,8 @@ def main() -> None:
     ap.add_argument("--spill-blocks", type=int, default=2, help="spill: blocks' optimizer state short of host RAM")
     ap.add_argument("--nvme-path", default="/tmp/carina_nvme", help="spill: the NVMe tier's directory")
     ap.add_argument("--environment-from", default="", help="report: a device record whose environment to keep")
+    ap.add_argument("--ideal-from", default="", help="report: an ideal.json from an earlier run (named as such)")
+    ap.add_argument("--ideal-source", default="", help="report: how --ideal-from's run is named in the records")
     ap.add_argument("--spill-tag", default="7b4l", help="report: record name part of the spill row")
     ap.add_argument("--disk-probe", type=int, default=1 << 30, help="spill: bytes of the disk rate probe")
     args = ap.parse_args()

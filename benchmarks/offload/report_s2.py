@@ -15,10 +15,17 @@ from carina.core.bench import Basis, Figure, make_record, write_record
 
 IDEAL_HOW = (
     "plain PyTorch with unlimited memory (fp32 weights, bf16 autocast, fused GPU AdamW, no checkpointing), "
-    "measured in this run at {trunc} layers of the same shape; per micro-batch time fitted as a + b*layers, "
+    "measured {where} at {trunc} layers of the same shape; per micro-batch time fitted as a + b*layers, "
     "plus the measured GPU optimizer time per parameter (layer truncation: the full model does not fit one GPU "
     "with fp32 AdamW states)"
 )
+
+
+def _ideal_how(args: Any, fit: dict[str, Any]) -> str:
+    """How the ideal was measured: in this run, or (``--ideal-from``) in the run that file names."""
+    source = getattr(args, "ideal_from", "")
+    where = f"in an earlier run ({args.ideal_source or source}), NOT in this run" if source else "in this run"
+    return IDEAL_HOW.format(where=where, trunc="/".join(map(str, fit["layers"])))
 
 
 def _load(work: Path, name: str) -> dict[str, Any] | None:
@@ -127,7 +134,7 @@ def carina_record(
     figs = [
         Figure(name="tokens_per_s", value=run["tokens_per_s"], unit="tokens/s",
                ceiling=tokens / ideal_s if ideal_s else None,
-               ceiling_source=IDEAL_HOW.format(trunc="/".join(map(str, fit["layers"]))) if fit else "", peers=peers),
+               ceiling_source=_ideal_how(args, fit) if fit else "", peers=peers),
         Figure(name="tflops", value=6 * run["params"] * tokens / run["step_s"] / 1e12, unit="TFLOP/s"),
         Figure(name="peak_host_rss", value=run["host"]["process_rss_peak_sampled"], unit="B", higher_is_better=False),
     ]  # fmt: skip
@@ -241,7 +248,8 @@ def notax_record(args: Any, work: Path, tokens: int) -> str:
 def report(args: Any) -> None:
     work, out = Path(args.work), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ideal = _load(work, "ideal") or {}
+    source = getattr(args, "ideal_from", "")
+    ideal = (json.loads(Path(source).read_text()) if source else _load(work, "ideal")) or {}
     rates = ideal.get("rates", {})
     fit = ideal_model(ideal) if ideal else None
     lines = [

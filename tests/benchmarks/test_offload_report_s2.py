@@ -75,3 +75,16 @@ def test_a_recomputed_report_keeps_the_measuring_machine(work: Path, tmp_path: P
     assert rec["environment"]["torch"]["gpus"][0]["name"] == "NVIDIA H200"
     assert rec["machine"]["label"] == "h200"
     assert rec["metrics"]["recomputed_from"]["git_sha"] == "a" * 40
+
+
+def test_an_ideal_from_an_earlier_run_is_named_as_such(work: Path, tmp_path: Path) -> None:
+    earlier = tmp_path / "earlier_ideal.json"
+    earlier.write_text((work / "ideal.json").read_text())
+    (work / "ideal.json").unlink()
+    out = tmp_path / "out"
+    report_s2.report(_args(work, out, ideal_from=str(earlier), ideal_source="session 6's ideal phase"))
+    fig = _record(out, "32k")["figures"][0]
+    assert "in an earlier run (session 6's ideal phase), NOT in this run" in fig["ceiling_source"]
+    assert fig["ceiling"] == pytest.approx(32768 / (4 * (0.1 + 0.02 * 16) + 1e-11 * 3_000_000_000))
+    report_s2.report(_args(work, tmp_path / "none"))  # no ideal at all: no ceiling, no claim about a run
+    assert _record(tmp_path / "none", "32k")["figures"][0]["ceiling"] is None

@@ -87,18 +87,15 @@ def test_auto_takes_the_host_path_without_cuda_and_says_why(data_file: Path) -> 
     with IOEngine(IOConfig(queue_depth=4)) as eng:
         g = RowGather(eng, eng.open(data_file), RowGatherConfig(row_bytes=ROW, max_rows=4, device="cpu"))
         g.close()
-    assert g.path == "host"
-    assert g.selection.skipped == {
-        "gpu": [
-            "the destination is on the CPU: the GPU-initiated path is for CUDA destinations",
-            "CUDA stream memory operations unavailable: no CUDA device",
-        ]
-    }
+    assert g.path == "host" and g.selection.skipped == {}
     report = gather_path_report()
     assert report["device"] == "cpu" and report["path"] == "host"
-    assert report["why"].startswith("GPU-initiated path skipped: the destination is on the CPU")
-    with pytest.raises(BackendUnavailable, match="gpu: CUDA stream memory operations unavailable: no CUDA device"):
+    assert report["why"].startswith("host-initiated for a cpu destination; ")
+    assert "io_cam_h200.json (session 7)" in report["why"]
+    with pytest.raises(BackendUnavailable) as e:
         choose_gather_path("auto", device="cuda")  # neither path can fill a CUDA tensor here
+    assert "host: no CUDA device for a cuda destination" in str(e.value)
+    assert "gpu: CUDA stream memory operations unavailable: no CUDA device" in str(e.value)
     with pytest.raises(BackendUnavailable, match="no CUDA device"):
         RowGather(None, None, RowGatherConfig(row_bytes=ROW, max_rows=4, device="cuda", path="gpu"))
 
@@ -127,21 +124,22 @@ def test_bad_config_is_refused() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_auto_takes_the_gpu_path_for_a_cuda_destination(data_file: Path) -> None:
+def test_auto_takes_the_host_path_for_a_cuda_destination_and_gpu_is_one_argument_away(data_file: Path) -> None:
     rng = np.random.default_rng(5)
-    with (
-        IOEngine(IOConfig(queue_depth=16)) as eng,
-        RowGather(eng, eng.open(data_file), RowGatherConfig(row_bytes=ROW, max_rows=32, slots=2)) as g,
-    ):
-        assert g.path == "gpu" and g.selection.skipped == {}
-        assert gather_path_report()["path"] == "gpu"
-        for _ in range(4):
-            ids = rng.integers(0, ROWS, 32)
-            dest = torch.empty(32, ROW, dtype=torch.uint8, device="cuda")
-            ticket = g.post(torch.from_numpy(ids).cuda(), dest)
-            g.wait(ticket)
-            g.host_wait(ticket, timeout=10)  # a stuck request fails here, not inside a blocking CUDA copy
-            assert np.array_equal(dest.cpu().reshape(-1).numpy(), reference_rows(str(data_file), ids, ROW))
+    with IOEngine(IOConfig(queue_depth=16)) as eng:
+        with RowGather(eng, eng.open(data_file), RowGatherConfig(row_bytes=ROW, max_rows=32, slots=2)) as g:
+            assert g.path == "host" and g.selection.skipped == {}
+        assert gather_path_report()["path"] == "host"
+        cfg = RowGatherConfig(row_bytes=ROW, max_rows=32, slots=2, path="gpu")
+        with RowGather(eng, eng.open(data_file), cfg) as g:
+            assert g.path == "gpu"
+            for _ in range(4):
+                ids = rng.integers(0, ROWS, 32)
+                dest = torch.empty(32, ROW, dtype=torch.uint8, device="cuda")
+                ticket = g.post(torch.from_numpy(ids).cuda(), dest)
+                g.wait(ticket)
+                g.host_wait(ticket, timeout=10)  # a stuck request fails here, not inside a blocking CUDA copy
+                assert np.array_equal(dest.cpu().reshape(-1).numpy(), reference_rows(str(data_file), ids, ROW))
 
 
 @pytest.mark.gpu

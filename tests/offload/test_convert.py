@@ -119,3 +119,13 @@ def test_auto_casts_on_the_host_only_where_that_is_faster(slow):
         assert not all(b.cast_on_device for b in streamed)
         assert plan.time.predicted < device_only.time.predicted
     assert plan.time.cpu_optimizer == pytest.approx(plan.time.cpu_update + plan.time.cpu_fold + plan.time.cpu_cast)
+
+
+def test_the_cast_buffer_shrinks_to_a_small_device_budget():
+    from carina.offload.runtime import cast_buffer_elements
+
+    chunk = 1 << 23
+    assert cast_buffer_elements(None, chunk) == chunk  # no budget: the full 32 MiB
+    assert cast_buffer_elements(64 << 30, chunk) == chunk  # a large budget: the full buffer, not more
+    assert cast_buffer_elements(1_600_000 - 65_664, chunk) == (1_600_000 - 65_664) // 64  # 1/16 of the room
+    assert cast_buffer_elements(0, chunk) == 1024 and cast_buffer_elements(-5, chunk) == 1024  # never empty

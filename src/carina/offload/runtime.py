@@ -44,9 +44,14 @@ from carina.offload.timing import StepTimer
 from carina.offload.worker import optimizer_threads, optimizer_worker
 from carina.offload.workspace import HeadWorkspace
 
-__all__ = ["OffloadRuntime"]
+__all__ = ["OffloadRuntime", "cast_buffer_elements"]
 
 _NO_PHASE = contextlib.nullcontext()
+
+
+def cast_buffer_elements(room: int | None, chunk: int) -> int:
+    """Float32 elements of the cast-on-device buffer: ``chunk``, or a 16th of ``room`` bytes if smaller (>= 1024)."""
+    return chunk if room is None else max(1 << 10, min(chunk, max(0, room) // 64))
 
 
 class OffloadRuntime(GradientPath):
@@ -119,7 +124,12 @@ class OffloadRuntime(GradientPath):
         """Make the device buffer that float32 masters pass through when cast on the device; its bytes."""
         if not any(g.host_copy is None for g in self.groups) or not self.mover.cuda:
             return 0
-        buf = self.store.empty((self.mover.CAST_CHUNK,), torch.float32, Tier.DEVICE, "cast-on-device buffer")
+        # At most a 16th of what the device budget has left, so a small budget is not spent on the buffer (a
+        # smaller one only means more, smaller copies; cast_to_device walks the buffer's size).
+        budget = self.store.budgets.of(Tier.DEVICE)
+        room = None if budget is None else budget - self.store.used(Tier.DEVICE)
+        elems = cast_buffer_elements(room, self.mover.CAST_CHUNK)
+        buf = self.store.empty((elems,), torch.float32, Tier.DEVICE, "cast-on-device buffer")
         self.mover.cast_buffer = buf
         return int(buf.numel() * buf.element_size())
 
