@@ -70,7 +70,7 @@ def test_plan_fits_budgets_and_never_computes_before_prefetch(problem):
         assert exc.context["tier"] in ("device", "host", "nvme")
         assert exc.context["needed"] > exc.context["budget"]
         return
-    events, time = simulate(plan.blocks, prof, hw, depth, overlap, options["carry"])
+    events, time = simulate(plan.blocks, prof, hw, depth, overlap, options["carry"], plan.act_lead)
     assert max(e.device_bytes for e in events) <= budgets.device
     host, nvme = host_bytes(prof, plan.blocks)
     assert budgets.host is None or host <= budgets.host

@@ -62,13 +62,20 @@ def _params_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], window: rang
     return prof.resident_param_bytes + resident + streamed
 
 
-def _acts_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], upto: int, forward: bool) -> int:
+def _acts_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], upto: int, forward: bool, lead: int = 1) -> int:
+    """Kept activations below ``upto``, its own, and swapped ones in flight beside them.
+
+    Forward: the block below's swap is still draining (earlier ones too, see
+    :meth:`_Timeline.draining`); backward: the swapped activations of the ``lead`` blocks
+    below are already fetched back.
+    """
     kept = sum(prof.blocks[j].act_bytes for j in range(upto) if blocks[j].activation is Action.KEEP)
     current = prof.blocks[upto].act_bytes if upto < len(blocks) else 0
     if forward and upto > 0 and blocks[upto - 1].activation is Action.SWAP:
         current += prof.blocks[upto - 1].act_bytes  # still draining to host
-    if not forward and upto > 0 and blocks[upto - 1].activation is Action.SWAP:
-        current += prof.blocks[upto - 1].act_bytes  # prefetched back for the next block
+    if not forward:
+        below = range(max(0, upto - lead), upto)
+        current += sum(prof.blocks[j].act_bytes for j in below if blocks[j].activation is Action.SWAP)
     return kept + current
 
 
@@ -96,9 +103,19 @@ class _Timeline:
     """
 
     def __init__(
-        self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool
+        self,
+        blocks: tuple[BlockPlan, ...],
+        prof: ModelProfile,
+        hw: Hardware,
+        depth: int,
+        overlap: bool,
+        carry: bool,
+        lead: int = 1,
     ):
         self.blocks, self.prof, self.hw, self.depth, self.overlap = blocks, prof, hw, depth, overlap
+        self.lead = lead  # blocks ahead that backward fetches swapped activations back
+        self.drains: list[tuple[int, float, int]] = []  # (block, when its swap-out ends, bytes) this forward
+        self.bwd_start: dict[int, float] = {}
         self.carry = carry and overlap  # updates in next-use order, running on into the next step's forward
         self.tasks: list[tuple[float, float, int]] = []  # (gradients ready, seconds, group) of the final updates
         self.update_end = [0.0] * (len(blocks) + 1)  # when each group's last update ended
@@ -130,6 +147,11 @@ class _Timeline:
                 self.h2d = max(self.h2d, self.now) + dt
                 self.totals["h2d"] += dt
                 self.ready[j] = self.h2d
+
+    def draining(self, i: int, ready: float) -> int:
+        """Bytes of swapped activations below block ``i - 1`` whose copy to host is still running at its start."""
+        start = max(self.now, ready)
+        return sum(nbytes for j, end, nbytes in self.drains if j < i - 1 and end > start)
 
     def run(self, kind: str, i: int, dur: float, device_bytes: int, after: float = 0.0) -> None:
         ready = self.ready[i] if i < len(self.blocks) else 0.0
@@ -210,9 +232,9 @@ class _Timeline:
         for i in range(n):
             self.fetch_window(i, True)
             live = _params_live(prof, blocks, _window(i, n, self.depth, True)) + _acts_live(prof, blocks, i, True)
-            self.run("fwd", i, prof.blocks[i].fwd_s, live)
+            self.run("fwd", i, prof.blocks[i].fwd_s, live + self.draining(i, self.ready[i]))
             if blocks[i].activation is Action.SWAP:
-                self.send_d2h(prof.blocks[i].act_bytes)
+                self.drains.append((i, self.send_d2h(prof.blocks[i].act_bytes), prof.blocks[i].act_bytes))
             if i < n - 1 and not blocks[i].resident:
                 self.ready[i] = -1.0  # released after forward; the last block stays for backward
         kept = sum(b.act_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.activation is Action.KEEP)
@@ -220,8 +242,9 @@ class _Timeline:
         live += sum(b.param_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.resident)
         if n and not blocks[-1].resident:
             live += prof.blocks[-1].param_bytes  # the last block stays on the device for backward
-        live += prof.head_workspace_bytes
+        live += prof.head_workspace_bytes + self.draining(n + 1, 0.0)
         self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live, self.staging_free[n])
+        self.drains = []
         cast = prof.copy_bytes_per_param > 0 and not prof.rest_cast_on_device
         self.gradients(n, prof.resident_numel, prof.resident_param_bytes, False, cast=cast)
 
@@ -233,19 +256,21 @@ class _Timeline:
             if blocks[i].activation is Action.SWAP:  # prefetched while the block above ran backward
                 dt = prof.blocks[i].act_bytes / self.hw.h2d
                 self.traffic += prof.blocks[i].act_bytes
-                issued = self.events[-1].start if self.events else 0.0
+                # fetched when backward enters block i + lead (before that, beside the head)
+                issued = self.bwd_start.get(i + self.lead, self.events[-1].start if self.events else 0.0)
                 self.h2d = max(self.h2d, issued) + dt
                 self.totals["h2d"] += dt
                 act_ready = self.h2d
             dur = prof.blocks[i].fwd_s * (prof.bwd_over_fwd + (blocks[i].activation is Action.RECOMPUTE))
             live = (
                 _params_live(prof, blocks, _window(i, n, self.depth, False))
-                + _acts_live(prof, blocks, i, False)
+                + _acts_live(prof, blocks, i, False, self.lead)
                 + prof.other_act_bytes
                 + _grads_live(prof, i, blocks[i].grad_on_device)
             )
             staged = 0.0 if blocks[i].grad_on_device else self.staging_free[i] - dur  # the grad hook waits
             self.run("bwd", i, dur, live, max(act_ready, staged))
+            self.bwd_start[i] = self.events[-1].start
             disk = (
                 2 * prof.blocks[i].numel * prof.state_bytes_per_param / self.hw.disk if blocks[i].state_on_nvme else 0.0
             )
@@ -286,6 +311,7 @@ def simulate(
     depth: int,
     overlap: bool = True,
     carry: bool = False,
+    act_lead: int = 1,
 ) -> tuple[list[SimEvent], StepTime]:
     """Replay one step of ``prof`` under ``blocks``.
 
@@ -301,17 +327,19 @@ def simulate(
         depth: Prefetch depth in blocks.
         overlap: Whether the optimizer updates blocks during backward.
         carry: Whether those updates may run on into the next step (see above).
+        act_lead: Blocks ahead that backward fetches swapped activations back (each fetched
+            block's bytes are live from then on).
 
     Returns:
         The compute events (live device bytes, times) and the predicted step time.
     """
-    tl, step = _play(blocks, prof, hw, depth, overlap, carry)
+    tl, step = _play(blocks, prof, hw, depth, overlap, carry, act_lead)
     host_s = tl.traffic / hw.host_mem if hw.host_mem > 0 else 0.0
     stretch = host_s / tl.totals["cpu_optimizer"] if tl.totals["cpu_optimizer"] > 0 else 1.0
     if stretch > 1:  # the worker's passes share host memory with the DMA: slowed to the traffic's time
         slow = replace(hw, optim=hw.optim / stretch, fold=hw.fold / stretch, grad_add=hw.grad_add / stretch,
                        cast=hw.cast / stretch)  # fmt: skip
-        tl, step = _play(blocks, prof, slow, depth, overlap, carry)
+        tl, step = _play(blocks, prof, slow, depth, overlap, carry, act_lead)
     terms = {**tl.totals, "host_memory": host_s}
     bottleneck = max(terms, key=lambda k: terms[k])
     if stretch > 1 and bottleneck == "cpu_optimizer":
@@ -325,10 +353,10 @@ def simulate(
 
 
 def _play(
-    blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool
+    blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool, lead: int
 ) -> tuple[_Timeline, float]:
     """One step on a fresh timeline (two with ``carry``: the second, in steady state); its length."""
-    tl = _Timeline(blocks, prof, hw, depth, overlap, carry)
+    tl = _Timeline(blocks, prof, hw, depth, overlap, carry, lead)
     step = tl.step()
     if tl.carry:
         tl.events, tl.gated = [], True
