@@ -115,7 +115,7 @@ class _Timeline:
         self.blocks, self.prof, self.hw, self.depth, self.overlap = blocks, prof, hw, depth, overlap
         self.lead = lead  # blocks ahead that backward fetches swapped activations back
         self.drains: list[tuple[int, float, int]] = []  # (block, when its swap-out ends, bytes) this forward
-        self.bwd_start: dict[int, float] = {}
+        self.act_ready: dict[int, float] = {}  # when each block's swapped activations are back (this backward)
         self.carry = carry and overlap  # updates in next-use order, running on into the next step's forward
         self.tasks: list[tuple[float, float, int]] = []  # (gradients ready, seconds, group) of the final updates
         self.update_end = [0.0] * (len(blocks) + 1)  # when each group's last update ended
@@ -209,6 +209,21 @@ class _Timeline:
         elif not direct:
             self.staging_free[k] = self.cpu(ready, fold, update=False)
 
+    def fetch_activations(self, i: int) -> None:
+        """Backward enters block ``i``: its swapped activations and the ``lead`` blocks' below come back.
+
+        Issued after the block's parameter fetches, nearest first, each once (the runtime's order).
+        """
+        for j in (i, *range(i - 1, max(0, i - self.lead) - 1, -1)):
+            if self.blocks[j].activation is not Action.SWAP or j in self.act_ready:
+                continue
+            nbytes = self.prof.blocks[j].act_bytes
+            dt = nbytes / self.hw.h2d
+            self.traffic += nbytes
+            self.h2d = max(self.h2d, self.now) + dt
+            self.totals["h2d"] += dt
+            self.act_ready[j] = self.h2d
+
     def refresh_rest(self) -> None:
         """The updated parameters outside blocks go to the device before the first forward (it waits)."""
         prof = self.prof
@@ -252,15 +267,8 @@ class _Timeline:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
         for i in reversed(range(n)):
             self.fetch_window(i, False)
-            act_ready = 0.0
-            if blocks[i].activation is Action.SWAP:  # prefetched while the block above ran backward
-                dt = prof.blocks[i].act_bytes / self.hw.h2d
-                self.traffic += prof.blocks[i].act_bytes
-                # fetched when backward enters block i + lead (before that, beside the head)
-                issued = self.bwd_start.get(i + self.lead, self.events[-1].start if self.events else 0.0)
-                self.h2d = max(self.h2d, issued) + dt
-                self.totals["h2d"] += dt
-                act_ready = self.h2d
+            self.fetch_activations(i)
+            act_ready = self.act_ready.pop(i, 0.0)
             dur = prof.blocks[i].fwd_s * (prof.bwd_over_fwd + (blocks[i].activation is Action.RECOMPUTE))
             live = (
                 _params_live(prof, blocks, _window(i, n, self.depth, False))
@@ -270,7 +278,6 @@ class _Timeline:
             )
             staged = 0.0 if blocks[i].grad_on_device else self.staging_free[i] - dur  # the grad hook waits
             self.run("bwd", i, dur, live, max(act_ready, staged))
-            self.bwd_start[i] = self.events[-1].start
             disk = (
                 2 * prof.blocks[i].numel * prof.state_bytes_per_param / self.hw.disk if blocks[i].state_on_nvme else 0.0
             )
