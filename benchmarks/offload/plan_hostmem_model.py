@@ -117,11 +117,15 @@ def main() -> None:
         for r in model["rows"]:
             print(model["tokens"], r)
         print(model["tokens"], "measured", model["measured"])
+    table = [{"tokens": m["tokens"], **{k: v for k, v in r.items() if k != "blocks"}, **r["blocks"],
+              "measured_step_s": round(m["measured"]["step_s"], 4),
+              "step_over_measured": round(r["step_s"] / m["measured"]["step_s"], 3)}
+             for m in models for r in m["rows"]]  # fmt: skip
     rec = make_record(
         name=args.name,
         figures=figures,
         config={"records": args.record, "layers": args.layers},
-        metrics={"models": models, "commands": commands},
+        metrics={"models": models, "table": table, "commands": commands},
         notes="modeled by carina's planner (carina offload plan, shape estimate) with the rates each record's "
         "run probed; the host bandwidth is the least the probed AdamW rate implies (28 B/param); measured "
         "figures are the records' own",
