@@ -9,7 +9,9 @@ compute rate that makes the estimate's compute equal the record plan's profiled 
 * host memory not modeled (``--host-mem-gbps -1``): the planner as the record's run had it;
 * host memory modeled (``--host-mem-gbps 0``): the bandwidth is the least the probed AdamW rate implies
   (28 bytes read and written per parameter; the record's run had no host-memory probe), the rule
-  :func:`carina.offload.profiler.host_memory_rate` applies when no larger pass rate is measured.
+  :func:`carina.offload.profiler.host_memory_rate` applies when no larger pass rate is measured;
+* the same with every block's activations recomputed (``--activations recompute``), the choice without
+  swaps to set the planner's choice against.
 
 Beside them, the record's own step, and the host traffic its measured moves imply (AdamW's bytes over the
 updated parameters plus the bytes moved each way per step) at that bandwidth. One record, basis modeled::
@@ -80,10 +82,15 @@ def model_record(path: str, layers: int) -> tuple[dict, list[Figure], list[str]]
     base = base_args(record, layers)
     tag = f"{run['tokens'] // 1024}k"
     rows, figures, commands = [], [], []
-    for label, flag in (("host memory not modeled", "-1"), ("host memory modeled", "0")):
-        out = plan(base, "--host-mem-gbps", flag)
+    variants = (
+        ("host memory not modeled", ["--host-mem-gbps", "-1"]),
+        ("host memory modeled", ["--host-mem-gbps", "0"]),
+        ("host memory modeled, every block recomputed", ["--host-mem-gbps", "0", "--activations", "recompute"]),
+    )
+    for label, flags in variants:
+        out = plan(base, *flags)
         rows.append(row(label, out))
-        commands.append(" ".join(["carina", "offload", "plan", *base, "--host-mem-gbps", flag, "--json"]))
+        commands.append(" ".join(["carina", "offload", "plan", *base, *flags, "--json"]))
         figures.append(Figure(name=f"predicted_step_s {tag} ({label})", value=out["predicted_s"]["step"], unit="s",
                               higher_is_better=False, basis=Basis.MODELED))  # fmt: skip
     moved = run["moved_per_step"]
@@ -121,6 +128,14 @@ def main() -> None:
               "measured_step_s": round(m["measured"]["step_s"], 4),
               "step_over_measured": round(r["step_s"] / m["measured"]["step_s"], 3)}
              for m in models for r in m["rows"]]  # fmt: skip
+    for m in models:  # the record's own moves and updates at the modeled bandwidth
+        got = m["measured"]
+        table.append({"tokens": m["tokens"], "model": "the record's measured moves + AdamW bytes, at that bandwidth",
+                      "step_s": round(got["host_traffic_from_moves_s"], 4), "bottleneck": "host_memory",
+                      "host_traffic_GB": round(got["host_traffic_from_moves_GB"], 2),
+                      "host_bandwidth_GBps": m["rows"][1]["host_bandwidth_GBps"],
+                      "cpu_update_s": round(got["optim_update_s"], 4), "measured_step_s": round(got["step_s"], 4),
+                      "step_over_measured": round(got["host_traffic_from_moves_s"] / got["step_s"], 3)})  # fmt: skip
     rec = make_record(
         name=args.name,
         figures=figures,
