@@ -315,20 +315,21 @@ def _offload_plan(
             budget=budgets.device,
             head_workspace=prof.head_workspace_bytes or None,
         )
+    orders = [("activations", "grads", "residency")]
+    if prof.micro_batches > 1:
+        orders.append(("grads", "activations", "residency"))
+    orders.append(("residency", "activations", "grads"))  # weights first: fewer bytes over PCIe and host memory
+    improve = {"activations": _improve_activations if fixed is None else lambda _p, b: b,
+               "grads": _improve_grad_accumulation, "residency": _improve_residency}  # fmt: skip
     plans = []
-    for grads_first in (False, True) if prof.micro_batches > 1 else (False,):
+    for order in orders:
         trial = [*blocks]
-        if grads_first:
-            trial = _improve_grad_accumulation(problem, trial)
-        if fixed is None:
-            trial = _improve_activations(problem, trial)
-        if not grads_first:
-            trial = _improve_grad_accumulation(problem, trial)
-        trial = _improve_residency(problem, trial)
+        for what in order:
+            trial = improve[what](problem, trial)
         if cast == "auto" and on_device:
             trial = _greedy(problem, trial, range(len(trial)), strict=True, cast_on_device=False)
         plans.append(problem.finish(tuple(trial)))
-    # device memory goes first where it relieves the bottleneck: the faster of the two orders
+    # device memory goes first where it relieves the bottleneck: the fastest of the orders
     return min(plans, key=lambda plan: plan.time.predicted)
 
 
