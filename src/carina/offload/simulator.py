@@ -257,7 +257,7 @@ class _Timeline:
         live += sum(b.param_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.resident)
         if n and not blocks[-1].resident:
             live += prof.blocks[-1].param_bytes  # the last block stays on the device for backward
-        live += prof.head_workspace_bytes + self.draining(n + 1, 0.0)
+        live += prof.head_workspace_bytes + self.draining(n, 0.0)  # the last block's drain, as before, not counted
         self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live, self.staging_free[n])
         self.drains = []
         cast = prof.copy_bytes_per_param > 0 and not prof.rest_cast_on_device
