@@ -138,7 +138,8 @@ def plan(
     out.print(
         f"blocks: {counts['streamed']} streamed, {counts['resident']} resident; activations keep {counts['keep']}"
         f" / swap {counts['swap']} / recompute {counts['recompute']}; optimizer state on NVMe"
-        f" {counts['state_on_nvme']}; gradients accumulated on the device {counts['grad_on_device']}"
+        f" {counts['state_on_nvme']}; gradients accumulated on the device {counts['grad_on_device']};"
+        f" swapped activations fetched {result.act_lead} block(s) ahead"
     )
     rows = [
         {"tier": "device", "bytes": format_bytes(result.device_peak), "budget": format_bytes(budgets.device or 0)},
