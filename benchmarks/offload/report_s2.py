@@ -94,6 +94,23 @@ def roofline(run: dict[str, Any], rates: dict[str, float], compute_s: float) -> 
     return terms
 
 
+#: Host memory bytes one AdamW update reads and writes per parameter (float32 master, gradient, m, v).
+ADAMW_HOST_BYTES = 28
+
+
+def host_memory_term(run: dict[str, Any]) -> float | None:
+    """Seconds of a step's host memory traffic at the run's probed bandwidth (None: not probed).
+
+    The traffic: AdamW's bytes over the parameters plus every byte moved between host and the
+    other tiers per step (``moved_per_step``), each crossing host memory once.
+    """
+    bandwidth = (run.get("hardware") or {}).get("host_mem")
+    if not bandwidth:
+        return None
+    moved = sum((run.get("moved_per_step") or {}).values())
+    return (ADAMW_HOST_BYTES * run["params"] + moved) / bandwidth
+
+
 def _host(run: dict[str, Any]) -> dict[str, Any]:
     host = dict(run.get("host", {}))
     planned = ((run.get("plan") or {}).get("bytes") or {}).get("host")
@@ -153,6 +170,11 @@ def carina_record(
         "roofline_step_s": max(terms.values()) if terms else None,
         "fraction_of_ideal": ideal_s / run["step_s"] if ideal_s else None,
         "fraction_of_roofline": max(terms.values()) / run["step_s"] if terms else None,
+        # beside the issue's roofline, not in it: the host memory traffic at the run's probed bandwidth
+        "host_memory_term_s": host_memory_term(run),
+        "fraction_of_roofline_with_host_memory": (
+            max(*terms.values(), host_memory_term(run) or 0.0) / run["step_s"] if terms else None
+        ),
         "host_memory": _host(run),
         "rates": rates,
         "step_split_s": run.get("step_split"),  # median phase split of the timed steps (carina.offload.timing)

@@ -88,3 +88,10 @@ def test_an_ideal_from_an_earlier_run_is_named_as_such(work: Path, tmp_path: Pat
     assert fig["ceiling"] == pytest.approx(32768 / (4 * (0.1 + 0.02 * 16) + 1e-11 * 3_000_000_000))
     report_s2.report(_args(work, tmp_path / "none"))  # no ideal at all: no ceiling, no claim about a run
     assert _record(tmp_path / "none", "32k")["figures"][0]["ceiling"] is None
+
+
+def test_host_memory_term_counts_adamw_and_every_moved_byte() -> None:
+    run = _run(8192, 1, 1.0)
+    assert report_s2.host_memory_term(run) is None  # no probed bandwidth: no term
+    run["hardware"] = {"host_mem": 100e9}
+    assert report_s2.host_memory_term(run) == (28 * 3_000_000_000 + 30e9) / 100e9

@@ -50,6 +50,21 @@ def test_ten_steps_bitwise_identical_per_activation_policy(policy, budget):
         assert handle.plan.counts()[policy] == 4
 
 
+def test_swapped_activations_fetched_blocks_ahead_are_bitwise_exact():
+    """Backward fetching three blocks' swapped activations ahead changes when bytes move, not what is computed."""
+    ref, ref_state = _plain(6)
+    peaks = {}
+    for lead in (1, 3):
+        got, model, _ = _offloaded(6, co.Config(device="cpu", activations="swap", activation_lead=lead))
+        assert got == ref
+        state = model.state_dict()
+        assert all(torch.equal(state[name], value) for name, value in ref_state.items())
+        handle = co.handle_of(model)
+        assert handle.plan.act_lead == lead and handle.plan.counts()["swap"] == 4
+        peaks[lead] = handle.stats().peak["device"]
+    assert peaks[3] > peaks[1]  # the ledger saw the fetched-ahead activations on the device
+
+
 def test_accumulation_clipping_and_scheduler_bitwise():
     ref, _ = _plain(4, accum=2, clip=0.5, sched=True)
     cfg = co.Config(device="cpu", device_budget=_TIGHT, grad_accumulation=2, max_grad_norm=0.5)

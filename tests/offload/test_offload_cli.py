@@ -51,7 +51,17 @@ def test_offload_plan_for_7b_in_24gb_and_what_does_not_fit():
     plan = json.loads(res.stdout)
     assert plan["basis"] == "modeled" and plan["params"] == 6_738_415_616
     assert plan["bytes"]["device_peak"] <= 24 << 30
-    assert plan["bottleneck"] in {"compute", "h2d", "d2h", "cpu_optimizer", "disk"}
+    assert plan["bottleneck"] in {"compute", "h2d", "d2h", "cpu_optimizer", "disk", "host_memory"}
+    # host memory: by default the least the optimizer rate implies (2 Gparam/s x 28 B), or as given, or off
+    assert plan["host_memory"]["bandwidth_bytes_per_s"] == 2e9 * 28
+    assert plan["predicted_s"]["host_memory"] == plan["host_memory"]["traffic_bytes_per_step"] / (2e9 * 28)
+    args = ["offload", "plan", "--model", "llama2-7b", "--tokens", "8192"]
+    given = json.loads(runner.invoke(app, [*args, "--host-mem-gbps", "300", "--json"]).stdout)
+    off = json.loads(runner.invoke(app, [*args, "--host-mem-gbps", "-1", "--json"]).stdout)
+    assert given["host_memory"]["bandwidth_bytes_per_s"] == 300e9 and off["predicted_s"]["host_memory"] == 0.0
+    assert off["predicted_s"]["step"] <= plan["predicted_s"]["step"]
+    text = runner.invoke(app, [*args, "--host-mem-gbps", "300"]).stdout
+    assert "host memory traffic" in text and "300.0 GB/s" in text
     res = runner.invoke(app, ["offload", "plan", "--model", "llama2-7b", "--host-budget", "64GB", "--json"])
     assert res.exit_code == 2 and "host budget" in res.output
     res = runner.invoke(

@@ -46,6 +46,7 @@ def problems(draw):
         grad_add=draw(st.floats(5e8, 8e9)),
         fold=draw(st.floats(1e9, 2e10)),
         cast=draw(st.floats(1e9, 2e10)),
+        host_mem=draw(st.one_of(st.just(0.0), st.floats(5e9, 3e11))),
     )
     budgets = PlanBudgets(
         device=draw(st.integers(16, 4096)) * MiB,
@@ -69,7 +70,7 @@ def test_plan_fits_budgets_and_never_computes_before_prefetch(problem):
         assert exc.context["tier"] in ("device", "host", "nvme")
         assert exc.context["needed"] > exc.context["budget"]
         return
-    events, time = simulate(plan.blocks, prof, hw, depth, overlap, options["carry"])
+    events, time = simulate(plan.blocks, prof, hw, depth, overlap, options["carry"], plan.act_lead)
     assert max(e.device_bytes for e in events) <= budgets.device
     host, nvme = host_bytes(prof, plan.blocks)
     assert budgets.host is None or host <= budgets.host

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from carina.offload.simulator import StepTime
 
 app = typer.Typer(help="Profile, plan and inspect offloaded training.", no_args_is_help=True, add_completion=False)
 
@@ -31,6 +34,13 @@ def plan(
     grad_add_gelems: Annotated[float, typer.Option(help="CPU gradient-accumulation Gelem/s.")] = 3.0,
     cast_gelems: Annotated[float, typer.Option(help="CPU cast of masters into the host copy, Gelem/s.")] = 10.0,
     fold_gelems: Annotated[float, typer.Option(help="CPU fold of staged gradients, Gelem/s.")] = 10.0,
+    host_mem_gbps: Annotated[
+        float,
+        typer.Option(
+            help="Host memory GB/s (read plus written), shared by the CPU optimizer and the pinned copies "
+            "(0: the least the optimizer's rate implies, optim_gparams x its bytes per parameter; -1: not modeled)."
+        ),
+    ] = 0.0,
     layers: Annotated[int, typer.Option(help="Decoder layers (0: the preset's).")] = 0,
     convert_on_host: Annotated[
         bool,
@@ -86,6 +96,7 @@ def plan(
         cfg = model_config(model, **({"num_hidden_layers": layers} if layers else {}))
         hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9,
                      cast=cast_gelems * 1e9, fold=fold_gelems * 1e9)  # fmt: skip
+        hw = replace(hw, host_mem=_host_bandwidth(host_mem_gbps, hw.optim))
 
         def plan_for(tokens: int, micro_batches: int) -> Plan:
             staged = micro_batches > 1 or convert_on_host  # host staging only where gradients are folded/added there
@@ -127,7 +138,8 @@ def plan(
     out.print(
         f"blocks: {counts['streamed']} streamed, {counts['resident']} resident; activations keep {counts['keep']}"
         f" / swap {counts['swap']} / recompute {counts['recompute']}; optimizer state on NVMe"
-        f" {counts['state_on_nvme']}; gradients accumulated on the device {counts['grad_on_device']}"
+        f" {counts['state_on_nvme']}; gradients accumulated on the device {counts['grad_on_device']};"
+        f" swapped activations fetched {result.act_lead} block(s) ahead"
     )
     rows = [
         {"tier": "device", "bytes": format_bytes(result.device_peak), "budget": format_bytes(budgets.device or 0)},
@@ -138,9 +150,26 @@ def plan(
     print_table(rows, columns=["tier", "bytes", "budget"], title="bytes per tier")
     parts = {"compute": t.compute, "h2d": t.h2d, "d2h": t.d2h, "cpu optimizer": t.cpu_optimizer,
              "  cpu update": t.cpu_update, "  cpu fold/add": t.cpu_fold, "  cpu cast": t.cpu_cast,
-             "disk": t.disk}  # fmt: skip
+             "disk": t.disk, "host memory": t.host_memory}  # fmt: skip
+    out.print(_host_line(t))
     print_table([{"resource": k, "seconds": f"{v:.3f}"} for k, v in parts.items()], columns=["resource", "seconds"],
                 title=f"predicted step {t.predicted:.3f} s, bottleneck {t.bottleneck}")  # fmt: skip
+
+
+def _host_bandwidth(gbps: float, optim: float) -> float:
+    """Bytes/s for the plan: given, the least AdamW's rate implies (0) or not modeled (negative)."""
+    from carina.offload.profiler import host_memory_rate
+
+    return gbps * 1e9 if gbps > 0 else host_memory_rate(optim, 8) if gbps == 0 else 0.0
+
+
+def _host_line(t: StepTime) -> str:
+    from carina.memory.tiers import format_bytes
+
+    traffic = f"host memory traffic {format_bytes(t.host_traffic)} per step"
+    if not t.host_bandwidth:
+        return f"{traffic} (bandwidth not modeled)"
+    return f"{traffic} at {t.host_bandwidth / 1e9:.1f} GB/s (the CPU optimizer's passes, every pinned copy, spill I/O)"
 
 
 def _check_choices(micro_batches: int, activations: str, resident: str) -> None:

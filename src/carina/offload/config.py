@@ -97,6 +97,8 @@ class OffloadConfig(Config):
         nvme_budget: Bytes of the NVMe tier (0: no NVMe tier).
         activations: Activation policy; ``plan`` lets the planner choose per block.
         prefetch_depth: Blocks whose parameters are fetched ahead of use (>= 1).
+        activation_lead: Blocks below the one backward enters whose swapped activations it fetches
+            back then (0 = the planner chooses, 1..8 = that many).
         profile_steps: Optimizer steps run under the conservative plan while profiling (times
             come from the last one; the first pays warm-up).
         profile_host_fraction: Host RAM the profiling steps may fill with swapped activations,
@@ -117,6 +119,9 @@ class OffloadConfig(Config):
         d2h_gbps: Device-to-host bandwidth for the plan (0 = measure).
         cpu_optimizer_gparams: CPU optimizer throughput in Gparam/s for the plan (0 = measure).
         disk_gbps: NVMe bandwidth for the plan (0 = assume 1.5 GB/s).
+        host_mem_gbps: Host memory bandwidth (bytes read plus written) for the plan, shared by the
+            CPU optimizer and the pinned copies (0 = measure, see
+            :func:`~carina.offload.profiler.host_memory_rate`).
         allocator_headroom: Fraction of ``device_budget`` the plan leaves unused on CUDA for
             what carina does not model: the caching allocator's fragmentation (reserved minus
             allocated bytes) and library workspaces (cuBLAS, attention kernels). The plan's
@@ -181,6 +186,7 @@ class OffloadConfig(Config):
     nvme_budget: int = 0
     activations: ActivationPolicy = ActivationPolicy.PLAN
     prefetch_depth: int = 1
+    activation_lead: int = 0
     profile_steps: int = 2
     profile_host_fraction: float = 0.1
     compute_dtype: ComputeDtype = ComputeDtype.AUTO
@@ -193,6 +199,7 @@ class OffloadConfig(Config):
     d2h_gbps: float = 0.0
     cpu_optimizer_gparams: float = 0.0
     disk_gbps: float = 0.0
+    host_mem_gbps: float = 0.0
     allocator_headroom: float = 0.05
     allocator: AllocatorMode = AllocatorMode.AUTO
     cpu_optimizer: CpuOptimizerImpl = CpuOptimizerImpl.AUTO
@@ -217,6 +224,7 @@ class OffloadConfig(Config):
         require(self.nvme_budget >= 0, "nvme_budget must be >= 0", key="nvme_budget")
         require(self.nvme_budget == 0 or self.nvme_path is not None, "nvme_budget needs nvme_path", key="nvme_path")
         require(1 <= self.prefetch_depth <= 8, "prefetch_depth must be in 1..8", key="prefetch_depth")
+        require(0 <= self.activation_lead <= 8, "activation_lead must be in 0..8 (0: planned)", key="activation_lead")
         require(self.profile_steps >= 1, "profile_steps must be >= 1", key="profile_steps")
         require(
             0.0 <= self.profile_host_fraction <= 10.0,
@@ -241,7 +249,7 @@ class OffloadConfig(Config):
             key="cpu_optimizer_threads",
         )
         require(self.micro_batch_tokens >= 0, "micro_batch_tokens must be >= 0 (0: unknown)", key="micro_batch_tokens")
-        for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps"):
+        for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps", "host_mem_gbps"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0", key=name)
 
     def resolved_device(self) -> str:

@@ -38,13 +38,14 @@ from carina.offload.simulator import (
     Hardware,
     ModelProfile,
     ResidentBytes,
+    SimEvent,
     StepTime,
     host_bytes,
     resident_bytes,
     simulate,
 )
 
-__all__ = ["Plan", "PlanBudgets", "PlanMode", "make_plan", "resident_plan"]
+__all__ = ["MAX_ACT_LEAD", "Plan", "PlanBudgets", "PlanMode", "make_plan", "resident_plan"]
 
 
 class PlanMode(enum.Enum):
@@ -76,6 +77,7 @@ class Plan:
     time: StepTime
     mode: PlanMode = PlanMode.OFFLOAD
     resident: ResidentBytes | None = field(default=None, compare=False)  # the resident plan's byte split
+    act_lead: int = 1  # blocks ahead that backward fetches swapped activations back
 
     @property
     def tier(self) -> str:
@@ -109,8 +111,10 @@ class Plan:
         return out | {
             "blocks": self.counts(),
             "prefetch_depth": self.prefetch_depth,
+            "activation_lead": self.act_lead,
             "overlap_optimizer": self.overlap,
             "bytes": {"device_peak": self.device_peak, "host": self.host_bytes, "nvme": self.nvme_bytes},
+            "host_memory": {"traffic_bytes_per_step": t.host_traffic, "bandwidth_bytes_per_s": t.host_bandwidth},
             "predicted_s": {
                 "compute": t.compute,
                 "h2d": t.h2d,
@@ -120,6 +124,7 @@ class Plan:
                 "cpu_fold": t.cpu_fold,
                 "cpu_cast": t.cpu_cast,
                 "disk": t.disk,
+                "host_memory": t.host_memory,
                 "step": t.predicted,
             },
             "bottleneck": t.bottleneck,
@@ -135,11 +140,16 @@ class _Problem:
     depth: int
     overlap: bool
     carry: bool = False
+    lead: int = 1  # blocks ahead that backward fetches swapped activations back
+
+    def simulate(self, blocks: tuple[BlockPlan, ...]) -> tuple[list[SimEvent], StepTime]:
+        return simulate(blocks, self.prof, self.hw, self.depth, self.overlap, self.carry, self.lead)
 
     def finish(self, blocks: tuple[BlockPlan, ...]) -> Plan:
-        events, time = simulate(blocks, self.prof, self.hw, self.depth, self.overlap, self.carry)
+        events, time = self.simulate(blocks)
         host, nvme = host_bytes(self.prof, blocks)
-        return Plan(blocks, self.depth, self.overlap, max(e.device_bytes for e in events), host, nvme, time)
+        peak = max(e.device_bytes for e in events)
+        return Plan(blocks, self.depth, self.overlap, peak, host, nvme, time, act_lead=self.lead)
 
     def accept(self, candidate: list[BlockPlan], best: float) -> float | None:
         """The candidate's simulated step time when it fits and is no slower than ``best``, else None.
@@ -147,7 +157,7 @@ class _Problem:
         (A ``best`` scaled below the current step asks for a strict gain.)
         """
         cand = tuple(candidate)
-        events, time = simulate(cand, self.prof, self.hw, self.depth, self.overlap, self.carry)
+        events, time = self.simulate(cand)
         if self.budgets.device is not None and max(e.device_bytes for e in events) > self.budgets.device:
             return None
         if self.budgets.host is not None and host_bytes(self.prof, cand)[0] > self.budgets.host:
@@ -155,7 +165,7 @@ class _Problem:
         return time.predicted if time.predicted <= best * (1 + 1e-9) else None
 
     def step_time(self, blocks: list[BlockPlan]) -> float:
-        return simulate(tuple(blocks), self.prof, self.hw, self.depth, self.overlap, self.carry)[1].predicted
+        return self.simulate(tuple(blocks))[1].predicted
 
 
 def _spill_states(prof: ModelProfile, budgets: PlanBudgets, blocks: list[BlockPlan]) -> None:
@@ -226,6 +236,7 @@ def make_plan(
     cast: str = "host",
     carry: bool = False,
     resident: str = "off",
+    act_lead: int = 0,
 ) -> Plan:
     """Choose residency, activation action, gradient accumulation, cast and optimizer-state tier per block.
 
@@ -243,6 +254,12 @@ def make_plan(
             off), see :func:`~carina.offload.simulator.simulate`.
         resident: ``auto``: the resident plan (:func:`resident_plan`) whenever everything fits the
             device; ``on``: that plan or CapacityError; ``off``: always an offloaded plan.
+        act_lead: Blocks ahead that backward fetches swapped activations back (0: chosen, see below).
+
+    Swapped activations come back ``lead`` blocks ahead of their backward (``act_lead``): 1, and
+    where the plan with 1 does not keep every block's activations, deeper leads too, up to
+    :data:`MAX_ACT_LEAD` (the link carries a large block's activations in time only when they are
+    fetched earlier, at the cost of their device bytes meanwhile); the fastest plan that fits wins.
 
     Raises:
         CapacityError: No choice fits; the message says what would.
@@ -250,7 +267,37 @@ def make_plan(
     whole = None if resident == "off" else resident_plan(prof, budgets, required=resident == "on")
     if whole is not None:
         return whole
-    problem = _Problem(prof, budgets, hw, prefetch_depth, overlap, carry)
+    args = (prof, budgets, hw, policy, prefetch_depth, overlap, cast, carry)
+    best = _offload_plan(*args, lead=act_lead or 1)
+    if not act_lead and policy in ("plan", "swap") and any(b.activation is not Action.KEEP for b in best.blocks):
+        for lead in range(2, MAX_ACT_LEAD + 1):
+            try:
+                plan = _offload_plan(*args, lead=lead)
+            except CapacityError:
+                break
+            if plan.time.predicted < best.time.predicted * (1 - 1e-6):
+                best = plan
+    return best
+
+
+#: The deepest activation lead :func:`make_plan` tries.
+MAX_ACT_LEAD = 3
+
+
+def _offload_plan(
+    prof: ModelProfile,
+    budgets: PlanBudgets,
+    hw: Hardware,
+    policy: str,
+    prefetch_depth: int,
+    overlap: bool,
+    cast: str,
+    carry: bool,
+    *,
+    lead: int,
+) -> Plan:
+    """The offloaded plan of :func:`make_plan` with swapped activations fetched ``lead`` blocks ahead."""
+    problem = _Problem(prof, budgets, hw, prefetch_depth, overlap, carry, lead)
     fixed = None if policy == "plan" else Action(policy)
     start = fixed or Action.RECOMPUTE
     on_device = cast != "host" and prof.copy_bytes_per_param > 0
@@ -268,27 +315,28 @@ def make_plan(
             budget=budgets.device,
             head_workspace=prof.head_workspace_bytes or None,
         )
+    orders = [("activations", "grads", "residency")]
+    if prof.micro_batches > 1:
+        orders.append(("grads", "activations", "residency"))
+    orders.append(("residency", "activations", "grads"))  # weights first: fewer bytes over PCIe and host memory
+    improve = {"activations": _improve_activations if fixed is None else lambda _p, b: b,
+               "grads": _improve_grad_accumulation, "residency": _improve_residency}  # fmt: skip
     plans = []
-    for grads_first in (False, True) if prof.micro_batches > 1 else (False,):
+    for order in orders:
         trial = [*blocks]
-        if grads_first:
-            trial = _improve_grad_accumulation(problem, trial)
-        if fixed is None:
-            trial = _improve_activations(problem, trial)
-        if not grads_first:
-            trial = _improve_grad_accumulation(problem, trial)
-        trial = _improve_residency(problem, trial)
+        for what in order:
+            trial = improve[what](problem, trial)
         if cast == "auto" and on_device:
             trial = _greedy(problem, trial, range(len(trial)), strict=True, cast_on_device=False)
         plans.append(problem.finish(tuple(trial)))
-    # device memory goes first where it relieves the bottleneck: the faster of the two orders
+    # device memory goes first where it relieves the bottleneck: the fastest of the orders
     return min(plans, key=lambda plan: plan.time.predicted)
 
 
 def _head_note(problem: _Problem, blocks: list[BlockPlan], floor: int) -> str:
     """Name the head's transient workspace when the head stage is where the floor peaks."""
     work = problem.prof.head_workspace_bytes
-    events, _ = simulate(tuple(blocks), problem.prof, problem.hw, problem.depth, problem.overlap, problem.carry)
+    events, _ = problem.simulate(tuple(blocks))
     if not work or not any(e.kind == "head" and e.device_bytes == floor for e in events):
         return ""
     return (

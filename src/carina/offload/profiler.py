@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from carina.offload.blocks import ParamGroup
     from carina.offload.config import OffloadConfig
 
-__all__ = ["measure_hardware", "model_profile", "optimizer_kwargs", "state_bytes_per_param"]
+__all__ = ["host_memory_rate", "measure_hardware", "model_profile", "optimizer_kwargs", "state_bytes_per_param"]
 
 _DEFAULT_DISK = 1.5e9
 
@@ -168,7 +168,8 @@ def measure_hardware(
         threads: Intra-op threads of the thread the real updates run on (0: this thread's).
         compute_dtype: The device's dtype: the gradient fold (staged gradient into float32) and
             the cast (float32 master into the host copy) are timed between it and float32, over
-            a block-sized buffer with the worker's thread count, like the update.
+            a block-sized buffer with the worker's thread count, like the update. The host
+            memory's bandwidth is :func:`host_memory_rate` of an in-place pass and the update.
     """
     cuda = device.type == "cuda"
     nbytes = (64 if cuda else 16) << 20
@@ -187,7 +188,40 @@ def measure_hardware(
     add = _pass_rate("add", compute_dtype, numel, threads) if cfg.grad_accumulation > 1 else 4e9
     fold = _pass_rate("fold", compute_dtype, numel, threads)
     cast = _pass_rate("cast", compute_dtype, numel, threads) if compute_dtype != torch.float32 else 1e10
-    return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk, grad_add=add, fold=fold, cast=cast)
+    state = state_bytes_per_param(optimizer)
+    mem = cfg.host_mem_gbps * 1e9 or host_memory_rate(optim, state, _host_pass_rate(cuda, threads))
+    return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk, grad_add=add, fold=fold, cast=cast, host_mem=mem)
+
+
+def host_memory_rate(optim: float, state_bytes: int, measured: float = 0.0) -> float:
+    """Host memory bytes/s (read plus written) for the plan: the larger of two lower bounds.
+
+    ``measured`` is an in-place pass's rate (:func:`_host_pass_rate`); ``optim`` parameters/s
+    of the CPU optimizer alone moved ``12 + 2 * state_bytes`` bytes each (master, gradient and
+    state read, master and state written), so the memory carries at least that too.
+    """
+    return max(measured, optim * (12 + 2 * state_bytes))
+
+
+#: Float32 elements of the host memory probe on a CUDA machine (512 MiB: far beyond the caches).
+HOST_PROBE_NUMEL = 1 << 27
+
+
+def _host_pass_rate(cuda: bool, threads: int = 0) -> float:
+    """Bytes/s read plus written by an in-place float32 add over a buffer larger than the caches.
+
+    The pass reads and writes every byte once, as the optimizer's in-place updates do; the
+    probe is small on a CPU-only machine (there, the optimizer's own rate usually bounds it).
+    """
+    numel = HOST_PROBE_NUMEL if cuda else 1 << 22
+    with _team(threads):
+        buf = torch.zeros(numel)
+        buf.add_(1.0)
+        reps = 3
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            buf.add_(1.0)
+        return reps * 8 * numel / max(time.perf_counter() - t0, 1e-9)
 
 
 #: Elements of the fold/add/cast probes, at most (a block of the 7B shape has 202M).

@@ -97,6 +97,7 @@ class OffloadRuntime(GradientPath):
         # While profiling, activations go to host RAM when device memory is the constraint.
         self.profile_swaps = cfg.device_budget is not None or self.device.type == "cuda"
         self.actions = [Action.SWAP if self.profile_swaps else Action.KEEP] * len(self.blocks)
+        self.act_lead = 1  # blocks below whose swapped activations backward fetches ahead
         self.acts = ActivationManager(self)
         self.current: int | None = None
         self.in_forward = False
@@ -309,8 +310,9 @@ class OffloadRuntime(GradientPath):
             self.ensure(self.blocks[i])
             for j in range(max(0, i - self.cfg.prefetch_depth), i):
                 self.prefetch(self.blocks[j], wait=False)
-            if i > 0 and not self.profiling:
-                self.acts.prefetch(i - 1)
+            if not self.profiling:  # the nearest first: the copies run in order
+                for j in range(i - 1, max(0, i - self.act_lead) - 1, -1):
+                    self.acts.prefetch(j)
         if self.timer is not None:
             self.timer.switch("backward")
 
@@ -341,10 +343,19 @@ class OffloadRuntime(GradientPath):
         self.fwd_count = 0
 
     def apply(
-        self, actions: list[Action], resident: list[bool], grad_on_device: list[bool], cast_on_host: list[bool]
+        self,
+        actions: list[Action],
+        resident: list[bool],
+        grad_on_device: list[bool],
+        cast_on_host: list[bool],
+        act_lead: int = 1,
     ) -> None:
-        """Switch to a plan's per-block activation actions, residency, gradient accumulators and casts."""
+        """Switch to a plan's per-block activation actions, residency, gradient accumulators and casts.
+
+        ``act_lead``: backward fetches the swapped activations of that many blocks below the one it enters.
+        """
         self.actions = list(actions)
+        self.act_lead = act_lead
         for g, on_host in zip(self.blocks, cast_on_host, strict=True):
             if on_host:
                 self.host.add_host_copy(g)  # a no-op where it exists (fp32: the master)

@@ -265,6 +265,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
                 [b.resident for b in new_plan.blocks],
                 [b.grad_on_device for b in new_plan.blocks],
                 [not b.cast_on_device for b in new_plan.blocks],
+                act_lead=new_plan.act_lead,
             )
         if rt.timer is not None:
             rt.timer.end_step()
@@ -332,6 +333,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
             overlap=self._will_overlap(),
             cast=self.cfg.param_cast.value,
             carry=not self.cfg.step_barrier,
+            act_lead=self.cfg.activation_lead,
         )
         self.plan = plan
         self.spill = {i for i, b in enumerate(plan.blocks) if b.state_on_nvme}

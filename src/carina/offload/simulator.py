@@ -8,7 +8,11 @@ once its gradients have arrived (during backward when ``overlap``). The worker's
 time is every pass it makes over host memory: folding staged gradients into the
 float32 gradient (unless the device folds them), adding micro-batches, the
 update, and the cast into the compute-dtype host copy (unless the device casts);
-each at its measured rate, reported apart in :class:`StepTime`. Each
+each at its measured rate, reported apart in :class:`StepTime`. Host memory is a resource
+too: every byte the worker's passes read or write and every pinned DMA byte share its
+bandwidth (``Hardware.host_mem``); when the step's host traffic at that bandwidth takes longer
+than the worker's passes alone, the passes are slowed to match and the step is at least that
+long (the CPU optimizer and the copies contend for the same memory). Each
 event records the device bytes live during it and when its block's
 parameters became ready, so tests can check that a plan never exceeds its
 budget and never computes with parameters before their prefetch completed.
@@ -30,6 +34,8 @@ __all__ = [
     "resident_bytes",
     "simulate",
 ]
+
+from dataclasses import replace
 
 from carina.offload.stepmodel import (
     Action,
@@ -56,13 +62,20 @@ def _params_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], window: rang
     return prof.resident_param_bytes + resident + streamed
 
 
-def _acts_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], upto: int, forward: bool) -> int:
+def _acts_live(prof: ModelProfile, blocks: tuple[BlockPlan, ...], upto: int, forward: bool, lead: int = 1) -> int:
+    """Kept activations below ``upto``, its own, and swapped ones in flight beside them.
+
+    Forward: the block below's swap is still draining (earlier ones too, see
+    :meth:`_Timeline.draining`); backward: the swapped activations of the ``lead`` blocks
+    below are already fetched back.
+    """
     kept = sum(prof.blocks[j].act_bytes for j in range(upto) if blocks[j].activation is Action.KEEP)
     current = prof.blocks[upto].act_bytes if upto < len(blocks) else 0
     if forward and upto > 0 and blocks[upto - 1].activation is Action.SWAP:
         current += prof.blocks[upto - 1].act_bytes  # still draining to host
-    if not forward and upto > 0 and blocks[upto - 1].activation is Action.SWAP:
-        current += prof.blocks[upto - 1].act_bytes  # prefetched back for the next block
+    if not forward:
+        below = range(max(0, upto - lead), upto)
+        current += sum(prof.blocks[j].act_bytes for j in below if blocks[j].activation is Action.SWAP)
     return kept + current
 
 
@@ -90,9 +103,19 @@ class _Timeline:
     """
 
     def __init__(
-        self, blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool
+        self,
+        blocks: tuple[BlockPlan, ...],
+        prof: ModelProfile,
+        hw: Hardware,
+        depth: int,
+        overlap: bool,
+        carry: bool,
+        lead: int = 1,
     ):
         self.blocks, self.prof, self.hw, self.depth, self.overlap = blocks, prof, hw, depth, overlap
+        self.lead = lead  # blocks ahead that backward fetches swapped activations back
+        self.drains: list[tuple[int, float, int]] = []  # (block, when its swap-out ends, bytes) this forward
+        self.act_ready: dict[int, float] = {}  # when each block's swapped activations are back (this backward)
         self.carry = carry and overlap  # updates in next-use order, running on into the next step's forward
         self.tasks: list[tuple[float, float, int]] = []  # (gradients ready, seconds, group) of the final updates
         self.update_end = [0.0] * (len(blocks) + 1)  # when each group's last update ended
@@ -107,6 +130,7 @@ class _Timeline:
         self.final = True
         self.first = True
         self.cpu_terms = dict.fromkeys(("cpu_update", "cpu_fold", "cpu_cast"), 0.0)
+        self.traffic = 0  # host memory bytes read or written this step: DMA, the worker's passes, spill I/O
 
     def fetch_window(self, i: int, forward: bool) -> None:
         for j in _window(i, len(self.blocks), self.depth, forward):
@@ -117,10 +141,17 @@ class _Timeline:
             if self.ready[j] < 0:
                 b = self.prof.blocks[j]
                 wide = self.blocks[j].cast_on_device  # the float32 master crosses, the device casts
-                dt = (4 * b.numel if wide else b.param_bytes) / self.hw.h2d
+                nbytes = 4 * b.numel if wide else b.param_bytes
+                dt = nbytes / self.hw.h2d
+                self.traffic += nbytes
                 self.h2d = max(self.h2d, self.now) + dt
                 self.totals["h2d"] += dt
                 self.ready[j] = self.h2d
+
+    def draining(self, i: int, ready: float) -> int:
+        """Bytes of swapped activations below block ``i - 1`` whose copy to host is still running at its start."""
+        start = max(self.now, ready)
+        return sum(nbytes for j, end, nbytes in self.drains if j < i - 1 and end > start)
 
     def run(self, kind: str, i: int, dur: float, device_bytes: int, after: float = 0.0) -> None:
         ready = self.ready[i] if i < len(self.blocks) else 0.0
@@ -131,6 +162,7 @@ class _Timeline:
 
     def send_d2h(self, nbytes: int) -> float:
         dt = nbytes / self.hw.d2h
+        self.traffic += nbytes
         self.d2h = max(self.d2h, self.now) + dt
         self.totals["d2h"] += dt
         return self.d2h
@@ -157,8 +189,14 @@ class _Timeline:
         ready = self.send_d2h(numel * 4 if direct else nbytes)
         fold = 0.0 if direct else numel / (self.hw.fold if self.first else self.hw.grad_add)
         self.cpu_terms["cpu_fold"] += fold
+        if not direct:  # the staged gradient read, the float32 gradient written (and read, when adding)
+            self.traffic += nbytes + numel * (4 if self.first else 8)
         if self.final:
             update, cast_s = numel / self.hw.optim, numel / self.hw.cast if cast else 0.0
+            item = _item(nbytes, numel)
+            self.traffic += numel * (self.prof.update_bytes_per_param + (4 + item if cast else 0))
+            if extra:  # a spilled block's state is read from NVMe into RAM and written back
+                self.traffic += 2 * numel * self.prof.state_bytes_per_param
             self.cpu_terms["cpu_update"] += update
             self.cpu_terms["cpu_cast"] += cast_s
             if self.carry:
@@ -171,11 +209,28 @@ class _Timeline:
         elif not direct:
             self.staging_free[k] = self.cpu(ready, fold, update=False)
 
+    def fetch_activations(self, i: int) -> None:
+        """Backward enters block ``i``: its swapped activations and the ``lead`` blocks' below come back.
+
+        Issued after the block's parameter fetches, nearest first, each once (the runtime's order).
+        """
+        for j in (i, *range(i - 1, max(0, i - self.lead) - 1, -1)):
+            if self.blocks[j].activation is not Action.SWAP or j in self.act_ready:
+                continue
+            nbytes = self.prof.blocks[j].act_bytes
+            dt = nbytes / self.hw.h2d
+            self.traffic += nbytes
+            self.h2d = max(self.h2d, self.now) + dt
+            self.totals["h2d"] += dt
+            self.act_ready[j] = self.h2d
+
     def refresh_rest(self) -> None:
         """The updated parameters outside blocks go to the device before the first forward (it waits)."""
         prof = self.prof
         wide = prof.rest_cast_on_device and prof.copy_bytes_per_param > 0
-        dt = (4 * prof.resident_numel if wide else prof.resident_param_bytes) / self.hw.h2d
+        nbytes = 4 * prof.resident_numel if wide else prof.resident_param_bytes
+        dt = nbytes / self.hw.h2d
+        self.traffic += nbytes
         if self.gated:
             self.now = max(self.now, self.update_end[len(self.blocks)])
         self.h2d = max(self.h2d, self.now) + dt
@@ -192,9 +247,9 @@ class _Timeline:
         for i in range(n):
             self.fetch_window(i, True)
             live = _params_live(prof, blocks, _window(i, n, self.depth, True)) + _acts_live(prof, blocks, i, True)
-            self.run("fwd", i, prof.blocks[i].fwd_s, live)
+            self.run("fwd", i, prof.blocks[i].fwd_s, live + self.draining(i, self.ready[i]))
             if blocks[i].activation is Action.SWAP:
-                self.send_d2h(prof.blocks[i].act_bytes)
+                self.drains.append((i, self.send_d2h(prof.blocks[i].act_bytes), prof.blocks[i].act_bytes))
             if i < n - 1 and not blocks[i].resident:
                 self.ready[i] = -1.0  # released after forward; the last block stays for backward
         kept = sum(b.act_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.activation is Action.KEEP)
@@ -202,8 +257,9 @@ class _Timeline:
         live += sum(b.param_bytes for b, p in zip(prof.blocks, blocks, strict=True) if p.resident)
         if n and not blocks[-1].resident:
             live += prof.blocks[-1].param_bytes  # the last block stays on the device for backward
-        live += prof.head_workspace_bytes
+        live += prof.head_workspace_bytes + self.draining(n, 0.0)  # the last block's drain, as before, not counted
         self.run("head", n, prof.other_fwd_s * (1 + prof.bwd_over_fwd), live, self.staging_free[n])
+        self.drains = []
         cast = prof.copy_bytes_per_param > 0 and not prof.rest_cast_on_device
         self.gradients(n, prof.resident_numel, prof.resident_param_bytes, False, cast=cast)
 
@@ -211,17 +267,12 @@ class _Timeline:
         prof, blocks, n = self.prof, self.blocks, len(self.blocks)
         for i in reversed(range(n)):
             self.fetch_window(i, False)
-            act_ready = 0.0
-            if blocks[i].activation is Action.SWAP:  # prefetched while the block above ran backward
-                dt = prof.blocks[i].act_bytes / self.hw.h2d
-                issued = self.events[-1].start if self.events else 0.0
-                self.h2d = max(self.h2d, issued) + dt
-                self.totals["h2d"] += dt
-                act_ready = self.h2d
+            self.fetch_activations(i)
+            act_ready = self.act_ready.pop(i, 0.0)
             dur = prof.blocks[i].fwd_s * (prof.bwd_over_fwd + (blocks[i].activation is Action.RECOMPUTE))
             live = (
                 _params_live(prof, blocks, _window(i, n, self.depth, False))
-                + _acts_live(prof, blocks, i, False)
+                + _acts_live(prof, blocks, i, False, self.lead)
                 + prof.other_act_bytes
                 + _grads_live(prof, i, blocks[i].grad_on_device)
             )
@@ -267,6 +318,7 @@ def simulate(
     depth: int,
     overlap: bool = True,
     carry: bool = False,
+    act_lead: int = 1,
 ) -> tuple[list[SimEvent], StepTime]:
     """Replay one step of ``prof`` under ``blocks``.
 
@@ -282,17 +334,42 @@ def simulate(
         depth: Prefetch depth in blocks.
         overlap: Whether the optimizer updates blocks during backward.
         carry: Whether those updates may run on into the next step (see above).
+        act_lead: Blocks ahead that backward fetches swapped activations back (each fetched
+            block's bytes are live from then on).
 
     Returns:
         The compute events (live device bytes, times) and the predicted step time.
     """
-    tl = _Timeline(blocks, prof, hw, depth, overlap, carry)
+    tl, step = _play(blocks, prof, hw, depth, overlap, carry, act_lead)
+    host_s = tl.traffic / hw.host_mem if hw.host_mem > 0 else 0.0
+    stretch = host_s / tl.totals["cpu_optimizer"] if tl.totals["cpu_optimizer"] > 0 else 1.0
+    if stretch > 1:  # the worker's passes share host memory with the DMA: slowed to the traffic's time
+        slow = replace(hw, optim=hw.optim / stretch, fold=hw.fold / stretch, grad_add=hw.grad_add / stretch,
+                       cast=hw.cast / stretch)  # fmt: skip
+        tl, step = _play(blocks, prof, slow, depth, overlap, carry, act_lead)
+    terms = {**tl.totals, "host_memory": host_s}
+    bottleneck = max(terms, key=lambda k: terms[k])
+    if stretch > 1 and bottleneck == "cpu_optimizer":
+        bottleneck = "host_memory"  # the worker waits on memory bandwidth, not on its arithmetic
+    tot, cpu = tl.totals, tl.cpu_terms
+    time = StepTime(compute=tot["compute"], h2d=tot["h2d"], d2h=tot["d2h"], cpu_optimizer=tot["cpu_optimizer"],
+                    disk=tot["disk"], predicted=max(step, host_s), bottleneck=bottleneck, cpu_update=cpu["cpu_update"],
+                    cpu_fold=cpu["cpu_fold"], cpu_cast=cpu["cpu_cast"], host_memory=host_s, host_traffic=tl.traffic,
+                    host_bandwidth=hw.host_mem)  # fmt: skip
+    return tl.events, time
+
+
+def _play(
+    blocks: tuple[BlockPlan, ...], prof: ModelProfile, hw: Hardware, depth: int, overlap: bool, carry: bool, lead: int
+) -> tuple[_Timeline, float]:
+    """One step on a fresh timeline (two with ``carry``: the second, in steady state); its length."""
+    tl = _Timeline(blocks, prof, hw, depth, overlap, carry, lead)
     step = tl.step()
     if tl.carry:
         tl.events, tl.gated = [], True
         tl.totals = dict.fromkeys(tl.totals, 0.0)
         tl.cpu_terms = dict.fromkeys(tl.cpu_terms, 0.0)
+        tl.traffic = 0
         end = max(step, tl.now)
         step = tl.step() - end
-    bottleneck = max(tl.totals, key=lambda k: tl.totals[k])
-    return tl.events, StepTime(**tl.totals, predicted=step, bottleneck=bottleneck, **tl.cpu_terms)
+    return tl, step

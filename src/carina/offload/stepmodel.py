@@ -87,6 +87,15 @@ class ModelProfile:
         """All trainable parameters."""
         return self.resident_numel + sum(b.numel for b in self.blocks)
 
+    @property
+    def update_bytes_per_param(self) -> int:
+        """Host memory bytes one update reads and writes per parameter (AdamW: 28).
+
+        It reads the float32 master, the float32 gradient and the state, and writes the
+        master and the state back.
+        """
+        return 4 + 4 + 4 + 2 * self.state_bytes_per_param
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -96,6 +105,9 @@ class Hardware:
     gradient into the float32 host gradient (gradient accumulation on the host);
     ``fold`` of copying a staged gradient into it (the first micro-batch); ``cast``
     of casting updated float32 masters into the compute-dtype host copy.
+
+    ``host_mem`` is the host memory's bandwidth in bytes/s (bytes read plus bytes written),
+    shared by the CPU worker's passes and every pinned DMA byte (0: not modeled, unlimited).
     """
 
     h2d: float
@@ -105,6 +117,7 @@ class Hardware:
     grad_add: float = 4e9
     fold: float = 1e10
     cast: float = 1e10
+    host_mem: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,7 +136,11 @@ class StepTime:
     """Predicted seconds per step, split by resource, and the bottleneck.
 
     ``cpu_optimizer`` is the CPU worker's whole time; ``cpu_update``, ``cpu_fold`` (folding
-    and adding staged gradients) and ``cpu_cast`` split it.
+    and adding staged gradients) and ``cpu_cast`` split it. ``host_memory`` is the step's host
+    memory traffic (``host_traffic`` bytes: the worker's passes, every pinned DMA byte, NVMe
+    spill I/O) at ``host_bandwidth`` bytes/s (0 when the bandwidth is not modeled); when it is
+    longer than the worker's passes alone, the worker's passes are stretched to it (they share
+    the memory with the DMA running beside them).
     """
 
     compute: float
@@ -136,6 +153,9 @@ class StepTime:
     cpu_update: float = 0.0
     cpu_fold: float = 0.0
     cpu_cast: float = 0.0
+    host_memory: float = 0.0
+    host_traffic: int = 0
+    host_bandwidth: float = 0.0
 
 
 @dataclass(frozen=True)
