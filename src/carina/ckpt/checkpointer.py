@@ -28,7 +28,8 @@ from carina.ckpt.rng import capture_rng, restore_rng
 from carina.ckpt.staging import Stager, host_arena
 from carina.ckpt.storage import CheckpointInfo, list_checkpoints
 from carina.ckpt.tree import flatten
-from carina.ckpt.writers import WriterKind, make_writer
+from carina.ckpt.writerpick import make_writer
+from carina.ckpt.writers import WriterKind
 from carina.core.errors import CheckpointError
 
 __all__ = ["Checkpointer", "SaveHandle"]

@@ -44,7 +44,6 @@ __all__ = [
     "Writer",
     "WriterKind",
     "engine_writer",
-    "make_writer",
     "renice",
     "unpickle_error",
 ]
@@ -372,16 +371,3 @@ def renice(nice: int, who: int) -> None:
             os.setpriority(os.PRIO_PROCESS, who, min(19, os.getpriority(os.PRIO_PROCESS, who) + nice))
         except OSError:
             pass  # not permitted here: the writer runs at the trainer's priority
-
-
-def make_writer(kind: WriterKind, nice: int = 0) -> Writer:
-    """A writer of ``kind`` that adds ``nice`` to its own niceness (not the ``sync`` writer's)."""
-    from carina.ckpt.forkwrite import ForkWriter  # it builds on this module
-
-    classes: dict[WriterKind, type[Writer]] = {
-        WriterKind.FORK: ForkWriter,
-        WriterKind.PROCESS: ProcessWriter,
-        WriterKind.THREAD: ThreadWriter,
-        WriterKind.SYNC: SyncWriter,
-    }
-    return classes[kind](nice)
