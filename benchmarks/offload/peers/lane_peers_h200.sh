@@ -66,9 +66,11 @@ export CFLAGS="-I$AIO/usr/include" LDFLAGS="-L$LIB"
 say "machine: $(nproc) cores; $(command -v g++ || echo 'no g++'); $(df -T "$NVME_DIR" | tail -1)"
 # DeepSpeed's JIT builder sorts the CUDA arch list as integers: session 5's H200 preflight failed async_io with
 # "invalid literal for int() with base 10: '0a'" (an arch such as 9.0a in the list). Name the GPU's own arch.
-if [ "$DEVICE" != cpu ] && CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1); then
-  say "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST-unset}'; set to $CC for DeepSpeed's builds"
-  export TORCH_CUDA_ARCH_LIST=$CC
+# (GPU_CAP, not CC: session 7's lane kept the arch in CC, and DeepSpeed's libaio probe then ran "9.0" as its
+# C compiler: "No such file or directory: '9.0'" in the preflight record.)
+if [ "$DEVICE" != cpu ] && GPU_CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1); then
+  say "TORCH_CUDA_ARCH_LIST was '${TORCH_CUDA_ARCH_LIST-unset}'; set to $GPU_CAP for DeepSpeed's builds"
+  export TORCH_CUDA_ARCH_LIST=$GPU_CAP
 fi
 
 # DeepSpeed's libaio probe (AsyncIOBuilder.is_compatible) compiles and links a C program with the C compiler
