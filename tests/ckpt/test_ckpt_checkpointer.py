@@ -215,8 +215,8 @@ def test_rank_committed_before_it_fsyncs_its_part(tmp_path: Path, monkeypatch: p
     done = []
 
     def rank0_commits_now(phase: str, step: int) -> None:
-        if phase == "data_chunk" and os.path.exists(part1) and not done:
-            done.append(True)  # rank 1's part is written, not yet fsynced: rank 0 commits in between
+        if phase == "part_named" and os.path.exists(part1) and not done:
+            done.append(True)  # rank 1's part is written and named, its name not yet fsynced: rank 0 commits
             commit.run_job(job0, image0)
 
     monkeypatch.setattr(commit, "fault_hook", rank0_commits_now)
@@ -333,3 +333,23 @@ def test_the_writer_runs_niced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine
     with pytest.raises(ConfigError, match="writer_nice"):
         Config(dir=str(tmp_path), writer_nice=20)
+
+
+def test_rank_0_never_sees_a_part_that_exists_but_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part appears under its name only whole: at every write of rank 1's part, none is visible yet."""
+    from carina.ckpt import commit
+
+    (_job0, _image0), (job1, image1) = two_rank_jobs(str(tmp_path), 7, "ab12")
+    part1 = os.path.join(job1.tmp_dir, "part1.json")
+    seen: list[tuple[str, bool, int]] = []
+
+    def watch(phase: str, step: int) -> None:
+        if os.path.exists(part1):
+            seen.append((phase, True, os.path.getsize(part1)))
+
+    monkeypatch.setattr(commit, "fault_hook", watch)
+    commit.run_job(job1, image1)
+    assert seen and seen[0][0] == "part_named"  # first visible after its rename, never while being written
+    assert all(size > 0 for _, _, size in seen)

@@ -56,7 +56,8 @@ __all__ = [
 LATEST = "latest"
 CHUNK = 64 << 20
 #: The points of the pipeline where :data:`fault_hook` is called, in order.
-PHASES = ("begin", "data_chunk", "checksums", "data", "part", "manifest", "rename", "fsync_parent", "latest", "done")
+PHASES = ("begin", "data_chunk", "checksums", "data", "part_named", "part", "manifest", "rename", "fsync_parent",
+          "latest", "done")  # fmt: skip
 _STEP_RE = re.compile(r"^step_(\d{10})$")
 _TMP_RE = re.compile(r"^step_(\d{10})\.[0-9a-f]+\.(tmp|old)$")
 
@@ -246,7 +247,11 @@ def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> f
         try:
             shard = _write_shard(job, image, write)
             part = os.path.join(job.tmp_dir, f"part{job.rank}.json")
-            _write_json(part, {"shard": asdict(shard), "objects": job.objects})
+            # Written under another name and renamed: rank 0 takes a part as done once it exists, so it must
+            # never see it created but not yet written (an empty read: seen once in CI with 2 ranks).
+            _write_json(f"{part}.tmp", {"shard": asdict(shard), "objects": job.objects})
+            os.rename(f"{part}.tmp", part)
+            _phase("part_named")  # visible to rank 0, its name not yet fsynced
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
