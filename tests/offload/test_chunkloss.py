@@ -196,3 +196,40 @@ def test_estimate_shrinks_the_head_to_one_chunk_and_the_7b_32k_plan_keeps_blocks
     plain, chunked = (p.counts() for p in plans)
     assert plain["keep"] == 0 and chunked["keep"] > 0
     assert all(p.device_peak <= (budgets.device or 0) for p in plans)
+
+
+def test_train_cli_chunks_the_loss_when_asked_and_auto_decides_by_the_logits_size():
+    import json
+
+    from typer.testing import CliRunner
+
+    from carina.cli.app import app
+    from carina.offload.chunkloss import AUTO_CHUNK_TOKENS, loss_chunk_tokens
+
+    args = ["train", "--model", "tiny", "--steps", "3", "--seq-len", "32", "--device", "cpu", "--lr", "0.01",
+            "--json"]  # fmt: skip
+    runs = {n: CliRunner().invoke(app, [*args, "--loss-chunk-tokens", str(n)]) for n in (0, 24)}
+    assert all(r.exit_code == 0 for r in runs.values()), [r.output for r in runs.values()]
+    plain, chunked = (json.loads(runs[n].stdout) for n in (0, 24))
+    assert plain["result"]["loss_chunk_tokens"] == 0 and chunked["result"]["loss_chunk_tokens"] == 24
+    assert chunked["result"]["losses"] == pytest.approx(plain["result"]["losses"], rel=1e-5)
+    bad = CliRunner().invoke(app, [*args, "--loss-chunk-tokens", "-2"])
+    assert bad.exit_code == 2 and "loss_chunk_tokens" in bad.output
+    # auto: the plain loss for the demo's 64 x 256 logits, chunks for 32k tokens x 32000
+    assert loss_chunk_tokens(-1, 64, 256) == 0
+    assert loss_chunk_tokens(-1, 32768, 32000) == AUTO_CHUNK_TOKENS
+    assert loss_chunk_tokens(-1, 4096, 32000) == 0  # one chunk would be the whole micro-batch
+
+
+def test_offload_plan_cli_takes_the_head_chunk():
+    import json
+
+    from typer.testing import CliRunner
+
+    from carina.cli.app import app
+
+    base = ["offload", "plan", "--model", "llama2-7b", "--layers", "16", "--tokens", "32768", "--json"]
+    plain, chunked = (json.loads(CliRunner().invoke(app, [*base, "--head-chunk-tokens", n]).stdout) for n in "0 4096".split())
+    assert chunked["head_chunk_tokens"] == 4096
+    assert chunked["blocks"]["keep"] > plain["blocks"]["keep"]
+    assert CliRunner().invoke(app, [*base, "--head-chunk-tokens", "-1"]).exit_code == 2

@@ -25,9 +25,26 @@ from torch import nn
 
 from carina.core.errors import ConfigError, ModelFormatError
 
-__all__ = ["IGNORE_INDEX", "chunked_lm_loss", "shifted_labels"]
+__all__ = ["AUTO_CHUNK_TOKENS", "AUTO_LOGITS_BYTES", "IGNORE_INDEX", "chunked_lm_loss", "loss_chunk_tokens",
+           "shifted_labels"]
 
 IGNORE_INDEX = -100  # transformers' ignore_index: such labels add nothing to the loss nor its count
+AUTO_LOGITS_BYTES = 1 << 30  # auto: chunk once one float32 copy of a micro-batch's logits reaches 1 GiB
+AUTO_CHUNK_TOKENS = 4096  # auto's chunk: 500 MiB of float32 logits at a 32000 vocabulary
+
+
+def loss_chunk_tokens(setting: int, tokens: int, vocab: int) -> int:
+    """Tokens per chunk of the loss for a setting (-1 auto, 0 plain, N), 0 meaning the plain loss.
+
+    Auto chunks into :data:`AUTO_CHUNK_TOKENS` when ``tokens x vocab`` float32 logits (one of the
+    loss's four copies) reach :data:`AUTO_LOGITS_BYTES`, and keeps the plain loss below that.
+    """
+    if setting < -1:
+        raise ConfigError(f"loss chunk tokens must be -1 (auto), 0 (plain) or > 0, got {setting}",
+                          key="loss_chunk_tokens")  # fmt: skip
+    if setting >= 0:
+        return setting
+    return AUTO_CHUNK_TOKENS if 4 * tokens * vocab >= AUTO_LOGITS_BYTES and tokens > AUTO_CHUNK_TOKENS else 0
 
 
 def shifted_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
