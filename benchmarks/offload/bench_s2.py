@@ -504,8 +504,12 @@ def main() -> None:
     ap.add_argument("--param-cast", default="auto", help="carina's param_cast (auto, host, device)")
     ap.add_argument("--step-barrier", action="store_true", help="carina's step_barrier (default here: off)")
     ap.add_argument("--resident", default="auto", help="carina's resident mode (auto, on, off; notax: auto)")
-    ap.add_argument("--head-chunk-tokens", type=int, default=0,
-                    help="carina: the loss through carina.offload.chunked_lm_loss in chunks of N tokens (0: plain)")
+    ap.add_argument(
+        "--head-chunk-tokens",
+        type=int,
+        default=0,
+        help="carina: the loss through carina.offload.chunked_lm_loss in chunks of N tokens (0: plain)",
+    )
     ap.add_argument("--cpu-dtype", default="float32", help="carina's compute dtype with --device cpu")
     ap.add_argument("--spill-blocks", type=int, default=2, help="spill: blocks' optimizer state short of host RAM")
     ap.add_argument("--nvme-path", default="/tmp/carina_nvme", help="spill: the NVMe tier's directory")

@@ -128,8 +128,8 @@ def test_no_tensor_larger_than_one_chunk_of_logits_exists(chunk: int):
 
 def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, chunk: int) -> list[float]:
     losses = []
-    for ids in token_batches(steps):
-        ids = ids % VOCAB * 13 % VOCAB
+    for batch in token_batches(steps):
+        ids = batch % VOCAB * 13 % VOCAB
         loss = co.chunked_lm_loss(model, ids, chunk_tokens=chunk) if chunk else model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
@@ -229,7 +229,9 @@ def test_offload_plan_cli_takes_the_head_chunk():
     from carina.cli.app import app
 
     base = ["offload", "plan", "--model", "llama2-7b", "--layers", "16", "--tokens", "32768", "--json"]
-    plain, chunked = (json.loads(CliRunner().invoke(app, [*base, "--head-chunk-tokens", n]).stdout) for n in "0 4096".split())
+    plain, chunked = (
+        json.loads(CliRunner().invoke(app, [*base, "--head-chunk-tokens", n]).stdout) for n in ("0", "4096")
+    )
     assert chunked["head_chunk_tokens"] == 4096
     assert chunked["blocks"]["keep"] > plain["blocks"]["keep"]
     assert CliRunner().invoke(app, [*base, "--head-chunk-tokens", "-1"]).exit_code == 2

@@ -169,9 +169,11 @@ def test_cuda_chunked_loss_tracks_plain_and_shrinks_the_measured_head_workspace(
         model, opt = co.wrap(model, co.Config(device="cuda", device_budget=64 << 20, head_chunk_tokens=chunk),
                              optimizer=opt)  # fmt: skip
         losses = []
-        for ids in token_batches(4):
-            ids = ids.cuda() % VOCAB
-            loss = co.chunked_lm_loss(model, ids, chunk_tokens=chunk) if chunk else model(input_ids=ids, labels=ids).loss
+        for batch in token_batches(4):
+            ids = batch.cuda() % VOCAB
+            loss = (
+                co.chunked_lm_loss(model, ids, chunk_tokens=chunk) if chunk else model(input_ids=ids, labels=ids).loss
+            )
             loss.backward()
             opt.step()
             opt.zero_grad()

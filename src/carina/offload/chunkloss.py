@@ -25,8 +25,14 @@ from torch import nn
 
 from carina.core.errors import ConfigError, ModelFormatError
 
-__all__ = ["AUTO_CHUNK_TOKENS", "AUTO_LOGITS_BYTES", "IGNORE_INDEX", "chunked_lm_loss", "loss_chunk_tokens",
-           "shifted_labels"]
+__all__ = [
+    "AUTO_CHUNK_TOKENS",
+    "AUTO_LOGITS_BYTES",
+    "IGNORE_INDEX",
+    "chunked_lm_loss",
+    "loss_chunk_tokens",
+    "shifted_labels",
+]
 
 IGNORE_INDEX = -100  # transformers' ignore_index: such labels add nothing to the loss nor its count
 AUTO_LOGITS_BYTES = 1 << 30  # auto: chunk once one float32 copy of a micro-batch's logits reaches 1 GiB
@@ -93,7 +99,7 @@ def _final_hidden(model: nn.Module, base: nn.Module, input_ids: torch.Tensor, kw
     finally:
         handle.remove()
     if len(caught) != 1:
-        raise ModelFormatError("the base model ran %d times in one forward, expected once" % len(caught),
+        raise ModelFormatError(f"the base model ran {len(caught)} times in one forward, expected once",
                                model=type(model).__name__)  # fmt: skip
     return caught[0]
 

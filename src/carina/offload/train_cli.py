@@ -67,8 +67,10 @@ def train(
     max_grad_norm: Annotated[float | None, typer.Option(help="Global-norm clipping.")] = None,
     loss_chunk_tokens: Annotated[
         int | None,
-        typer.Option(help="Tokens per chunk of the loss (carina.offload.chunked_lm_loss): -1 auto (chunks of "
-                     "4096 once a micro-batch's float32 logits reach 1 GiB), 0 the plain loss."),
+        typer.Option(
+            help="Tokens per chunk of the loss (carina.offload.chunked_lm_loss): -1 auto (chunks of "
+            "4096 once a micro-batch's float32 logits reach 1 GiB), 0 the plain loss."
+        ),
     ] = None,
     disagg: Annotated[
         bool, typer.Option("--disagg", help="Disaggregated data parallel: workers + parameter-server shards.")
@@ -101,8 +103,15 @@ def train(
         cfg = _build_config(
             demo,
             config,
-            dict(model=model, steps=steps, micro_batch=micro_batch, seq_len=seq_len, lr=lr, data=data and str(data),
-                 loss_chunk_tokens=loss_chunk_tokens),
+            dict(
+                model=model,
+                steps=steps,
+                micro_batch=micro_batch,
+                seq_len=seq_len,
+                lr=lr,
+                data=data and str(data),
+                loss_chunk_tokens=loss_chunk_tokens,
+            ),
             dict(
                 device=device,
                 device_budget=_size(device_budget, "device_budget"),
