@@ -79,10 +79,12 @@ def _parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return base, head
 
 
-def _chunk_loss(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """Sum of the per-token cross-entropies of one chunk (as transformers computes them: float32 logits)."""
+def _chunk_loss(
+    head: nn.Module, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str = "sum"
+) -> torch.Tensor:
+    """The cross-entropy of one chunk's tokens (as transformers computes it: float32 logits), summed or mean."""
     logits = head(hidden).float()
-    return nn.functional.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
+    return nn.functional.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
 
 
 def _final_hidden(model: nn.Module, base: nn.Module, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
@@ -157,15 +159,10 @@ def chunked_lm_loss(
     hidden = hidden.reshape(-1, hidden.shape[-1])
     target = shifted_labels(labels.to(hidden.device), ignore_index)
     if hidden.shape[0] <= chunk_tokens:  # one chunk: transformers' own reduction, bitwise
-        return _one_chunk(head, hidden, target, ignore_index)
+        return _chunk_loss(head, hidden, target, ignore_index, reduction="mean")
     from torch.utils.checkpoint import checkpoint
 
     total = hidden.new_zeros((), dtype=torch.float32)
     for h, t in zip(hidden.split(chunk_tokens), target.split(chunk_tokens), strict=True):
         total = total + checkpoint(_chunk_loss, head, h, t, ignore_index, use_reentrant=False)
     return total / (target != ignore_index).sum()
-
-
-def _one_chunk(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    logits = head(hidden).float()
-    return nn.functional.cross_entropy(logits, target, ignore_index=ignore_index, reduction="mean")
