@@ -23,7 +23,7 @@
 # the timed steps vs the same updates alone in the same process). OPTIM_THREADS sets carina's optimizer
 # worker threads (0: auto). HEAD_CHUNK=N (default 0: the plain loss) runs the carina phases' loss through
 # carina.offload.chunked_lm_loss in chunks of N tokens (bench_s2.py --head-chunk-tokens; the records'
-# metrics.carina.head_chunk_tokens says which ran).
+# metrics.carina.head_chunk_tokens says which ran, and their names carry _head<N> after the tag).
 #
 # HARD TIME BUDGET: 420 s in total (BUDGET; 200 s is enough for PHASES="ideal carina_8k"). Every step runs under `timeout`; a step gets at most its
 # own cap and never more than what is left of the budget minus the report's reserve; a step that
@@ -69,6 +69,9 @@ else
   CAPS=(60 150 150 90 120 40 90 170); NOTAX_MIN=100; KMODEL=llama2-7b   # ideal, carina 8k/32k, fsdp2, no tax, cpu_optim, spill, 128k
   SPILL_TAG=7b${SPILL_LAYERS}l; DISK_PROBE=$((1 << 30))
 fi
+
+# a chunked head names its records apart (offload_s2_<tag>_head<N>_<tokens>.json): bench_s2.py takes the last --tag
+[ "${HEAD_CHUNK:-0}" != 0 ] && COMMON="$COMMON --tag $(sed 's/.*--tag \([^ ]*\).*/\1/' <<<"$COMMON")_head$HEAD_CHUNK"
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() {  # step NAME CAP MIN cmd...
