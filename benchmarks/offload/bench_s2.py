@@ -231,6 +231,7 @@ def phase_carina(args: argparse.Namespace) -> None:
         step_timing=True,  # the step's split into compute, waits and the optimizer (carina.offload.timing)
         resident=args.resident,
         micro_batch_tokens=args.micro * args.seq,
+        head_chunk_tokens=args.head_chunk_tokens,
         **getattr(args, "nvme", {}),
     )
     t0 = time.perf_counter()
@@ -244,7 +245,10 @@ def phase_carina(args: argparse.Namespace) -> None:
     def step() -> None:
         for _ in range(accum):
             ids = next(batches)
-            loss = model(input_ids=ids, labels=ids).loss
+            if args.head_chunk_tokens:  # the head and loss in chunks (carina.offload.chunkloss)
+                loss = co.chunked_lm_loss(model, ids, chunk_tokens=args.head_chunk_tokens)
+            else:
+                loss = model(input_ids=ids, labels=ids).loss
             (loss / accum).backward()
         opt.step()
         opt.zero_grad()
@@ -273,6 +277,7 @@ def phase_carina(args: argparse.Namespace) -> None:
         "init_s": init_s,
         "wrap_s": wrap_s,
         "losses": losses,
+        "head_chunk_tokens": args.head_chunk_tokens,  # 0: the plain loss, model(..., labels=...).loss
         "params": param_count(cfg),
         "layers": cfg.num_hidden_layers,
         "peak_gpu_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else 0,
@@ -499,6 +504,12 @@ def main() -> None:
     ap.add_argument("--param-cast", default="auto", help="carina's param_cast (auto, host, device)")
     ap.add_argument("--step-barrier", action="store_true", help="carina's step_barrier (default here: off)")
     ap.add_argument("--resident", default="auto", help="carina's resident mode (auto, on, off; notax: auto)")
+    ap.add_argument(
+        "--head-chunk-tokens",
+        type=int,
+        default=0,
+        help="carina: the loss through carina.offload.chunked_lm_loss in chunks of N tokens (0: plain)",
+    )
     ap.add_argument("--cpu-dtype", default="float32", help="carina's compute dtype with --device cpu")
     ap.add_argument("--spill-blocks", type=int, default=2, help="spill: blocks' optimizer state short of host RAM")
     ap.add_argument("--nvme-path", default="/tmp/carina_nvme", help="spill: the NVMe tier's directory")

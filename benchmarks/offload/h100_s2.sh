@@ -21,7 +21,9 @@
 # Each carina record holds metrics.step_split_s (the step's split: compute, recompute, waits on weights,
 # activations and the CPU optimizer, the step tail) and metrics.optim_rates (the CPU optimizer's rate in
 # the timed steps vs the same updates alone in the same process). OPTIM_THREADS sets carina's optimizer
-# worker threads (0: auto).
+# worker threads (0: auto). HEAD_CHUNK=N (default 0: the plain loss) runs the carina phases' loss through
+# carina.offload.chunked_lm_loss in chunks of N tokens (bench_s2.py --head-chunk-tokens; the records'
+# metrics.carina.head_chunk_tokens says which ran, and their names carry _head<N> after the tag).
 #
 # HARD TIME BUDGET: 420 s in total (BUDGET; 200 s is enough for PHASES="ideal carina_8k"). Every step runs under `timeout`; a step gets at most its
 # own cap and never more than what is left of the budget minus the report's reserve; a step that
@@ -68,6 +70,9 @@ else
   SPILL_TAG=7b${SPILL_LAYERS}l; DISK_PROBE=$((1 << 30))
 fi
 
+# a chunked head names its records apart (offload_s2_<tag>_head<N>_<tokens>.json): bench_s2.py takes the last --tag
+[ "${HEAD_CHUNK:-0}" != 0 ] && COMMON="$COMMON --tag $(sed 's/.*--tag \([^ ]*\).*/\1/' <<<"$COMMON")_head$HEAD_CHUNK"
+
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 step() {  # step NAME CAP MIN cmd...
   local name=$1 cap=$2 min=$3; shift 3
@@ -93,7 +98,7 @@ report() {  # report SECONDS
 
 { echo "== machine"; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null; free -g; df -h /tmp | tail -1; nproc; } >>"$LOG" 2>&1
 echo "== phases: $PHASES (budget $BUDGET s)" | tee -a "$LOG"
-CARINA="--optim-threads $OPTIM_THREADS"
+CARINA="--optim-threads $OPTIM_THREADS --head-chunk-tokens ${HEAD_CHUNK:-0}"
 if want gpu_tests && [ "${DEVICE:-cuda}" != cpu ]; then   # the GPU paths' correctness tests first
   step gpu_tests 60 20 bash -c "$PY -m pytest -q -p no:cacheprovider -m gpu tests/offload/test_cuda.py 2>&1 \
     | tee '$DIR/gpu_tests.txt' | tail -15"

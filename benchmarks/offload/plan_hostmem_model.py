@@ -13,12 +13,23 @@ compute rate that makes the estimate's compute equal the record plan's profiled 
 * the same with every block's activations recomputed (``--activations recompute``), the choice without
   swaps to set the planner's choice against.
 
+With ``--head-chunk-tokens N`` (repeatable) one more row each: host memory modeled and the head and loss
+chunked into N tokens (:func:`carina.offload.chunked_lm_loss`, ``carina offload plan --head-chunk-tokens``):
+what the plan becomes when the logits no longer take the device budget. Each row's ``ideal_over_step`` is
+the record's ideal step (``metrics.ideal_step_s``) over the row's predicted step.
+
 Beside them, the record's own step, and the host traffic its measured moves imply (AdamW's bytes over the
 updated parameters plus the bytes moved each way per step) at that bandwidth. One record, basis modeled::
 
     python benchmarks/offload/plan_hostmem_model.py \
         --record benchmarks/results/h200/s7/offload_s2_7b16l_8k.json \
         --record benchmarks/results/h200/s7/offload_s2_7b16l_32k.json
+
+The chunked-head record (32k only)::
+
+    python benchmarks/offload/plan_hostmem_model.py --name offload_plan_s7_headchunk_7b16l_32k \
+        --record benchmarks/results/h200/s7/offload_s2_7b16l_32k.json \
+        --head-chunk-tokens 8192 --head-chunk-tokens 4096 --head-chunk-tokens 2048
 """
 
 from __future__ import annotations
@@ -75,7 +86,7 @@ def row(label: str, out: dict) -> dict:
     }
 
 
-def model_record(path: str, layers: int) -> tuple[dict, list[Figure], list[str]]:
+def model_record(path: str, layers: int, chunks: list[int]) -> tuple[dict, list[Figure], list[str]]:
     """The rows, figures and commands of one record."""
     record = json.loads(Path(path).read_text())
     run = record["metrics"]["carina"]
@@ -86,19 +97,27 @@ def model_record(path: str, layers: int) -> tuple[dict, list[Figure], list[str]]
         ("host memory not modeled", ["--host-mem-gbps", "-1"]),
         ("host memory modeled", ["--host-mem-gbps", "0"]),
         ("host memory modeled, every block recomputed", ["--host-mem-gbps", "0", "--activations", "recompute"]),
-    )
+        *((f"host memory modeled, head chunked {c}", ["--host-mem-gbps", "0", "--head-chunk-tokens", str(c)])
+          for c in chunks),
+    )  # fmt: skip
     for label, flags in variants:
         out = plan(base, *flags)
         rows.append(row(label, out))
         commands.append(" ".join(["carina", "offload", "plan", *base, *flags, "--json"]))
         figures.append(Figure(name=f"predicted_step_s {tag} ({label})", value=out["predicted_s"]["step"], unit="s",
-                              higher_is_better=False, basis=Basis.MODELED))  # fmt: skip
+                              higher_is_better=False, basis=Basis.MODELED, ceiling=record["metrics"]["ideal_step_s"],
+                              ceiling_source="the record's ideal step (metrics.ideal_step_s, its definition there)",
+                              peers={"the record's measured step": run["step_s"]}))  # fmt: skip
+    for r in rows:
+        r["ideal_over_step"] = round(record["metrics"]["ideal_step_s"] / r["step_s"], 3)
     moved = run["moved_per_step"]
     implied = ADAMW_BYTES * run["step_split"]["optim_params"] + moved["host->device"] + moved["device->host"]
     bandwidth = rows[1]["host_bandwidth_GBps"] * 1e9
     measured = {
         "step_s": run["step_s"],
         "record_plan_step_s": run["plan"]["predicted_s"]["step"],
+        "ideal_step_s": record["metrics"]["ideal_step_s"],
+        "ideal_over_step": record["metrics"]["ideal_step_s"] / run["step_s"],
         "record_plan_blocks": run["plan"]["blocks"],
         "optim_update_s": run["step_split"]["optim_update_s"],
         "moved_per_step": moved,
@@ -112,12 +131,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--record", action="append", required=True)
     ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--head-chunk-tokens", type=int, action="append", default=[], help="one more row each")
     ap.add_argument("--name", default="offload_plan_s7_hostmem_7b16l")
     ap.add_argument("--out", default="benchmarks/results/cpu")
     args = ap.parse_args()
     models, figures, commands = [], [], []
     for path in args.record:
-        model, figs, cmds = model_record(path, args.layers)
+        model, figs, cmds = model_record(path, args.layers, args.head_chunk_tokens)
         models.append(model)
         figures += figs
         commands += cmds
@@ -140,7 +160,7 @@ def main() -> None:
     rec = make_record(
         name=args.name,
         figures=figures,
-        config={"records": args.record, "layers": args.layers},
+        config={"records": args.record, "layers": args.layers, "head_chunk_tokens": args.head_chunk_tokens},
         metrics={"models": models, "table": table, "commands": commands},
         notes="modeled by carina's planner (carina offload plan, shape estimate) with the rates each record's "
         "run probed; the host bandwidth is the least the probed AdamW rate implies (28 B/param); measured "

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+VOCAB = 4096  # big_vocab_llama's vocabulary: its logits outweigh its blocks
 
 
 def tiny_llama(layers: int = 4, seed: int = 0):
@@ -14,6 +17,25 @@ def tiny_llama(layers: int = 4, seed: int = 0):
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        use_cache=False,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def big_vocab_llama(seed: int = 0) -> nn.Module:
+    """Blocks of 37 KiB, a 4 MiB embedding + head, logits of 64 x 4096."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,

@@ -158,3 +158,30 @@ def test_cuda_bf16_resident_tracks_offloaded_bf16_training():
     for name, value in off_model.state_dict().items():
         assert state[name].dtype == torch.float32
         torch.testing.assert_close(state[name].cpu(), value.cpu(), rtol=2e-2, atol=2e-3)
+
+
+def test_cuda_chunked_loss_tracks_plain_and_shrinks_the_measured_head_workspace():
+    from offload_fixtures import VOCAB, big_vocab_llama, token_batches
+
+    def run(chunk: int) -> tuple[list[float], int]:
+        model = big_vocab_llama()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        model, opt = co.wrap(model, co.Config(device="cuda", device_budget=64 << 20, head_chunk_tokens=chunk),
+                             optimizer=opt)  # fmt: skip
+        losses = []
+        for batch in token_batches(4):
+            ids = batch.cuda() % VOCAB
+            loss = (
+                co.chunked_lm_loss(model, ids, chunk_tokens=chunk) if chunk else model(input_ids=ids, labels=ids).loss
+            )
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        assert opt.profile is not None
+        return losses, opt.profile.head_workspace_bytes
+
+    plain, plain_ws = run(0)
+    chunked, chunked_ws = run(16)  # 64 tokens in 4 chunks
+    torch.testing.assert_close(torch.tensor(chunked), torch.tensor(plain), rtol=1e-4, atol=1e-4)
+    assert chunked_ws < plain_ws  # the allocator's peak at the head: one chunk's logits, not all

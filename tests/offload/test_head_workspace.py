@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from offload_fixtures import token_batches, train_losses
+from offload_fixtures import VOCAB, big_vocab_llama, token_batches, train_losses
 from torch import nn
 
 import carina.offload as co
@@ -17,28 +17,8 @@ from carina.offload.planner import PlanBudgets, make_plan
 from carina.offload.simulator import Action, BlockPlan, BlockProfile, Hardware, ModelProfile, simulate
 from carina.offload.workspace import HeadWorkspace
 
-VOCAB = 4096
 TOKENS = 2 * 32  # token_batches: 2 sequences of 32
 HW = Hardware(20e9, 20e9, 2e9, 1.5e9)
-
-
-def big_vocab_llama(seed: int = 0) -> nn.Module:
-    """Blocks of 37 KiB, a 4 MiB embedding + head, logits of 64 x 4096."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        use_cache=False,
-    )
-    return LlamaForCausalLM(cfg)
 
 
 def _batches(n: int) -> list[torch.Tensor]:

@@ -10,6 +10,10 @@ One verb, then the loop you already have::
         optimizer.step()
         optimizer.zero_grad()
 
+For a causal LM whose logits would be large (many tokens per micro-batch times a large vocabulary),
+``loss = co.chunked_lm_loss(model, input_ids, labels, chunk_tokens=4096)`` computes the same loss with
+only one chunk's logits alive (``carina.offload.chunkloss``).
+
 When the whole training state fits the device (``Config(micro_batch_tokens=...)`` sizes the
 activations), nothing is offloaded: the model and the user's optimizer run on the device as plain
 PyTorch would (``carina.offload.resident``).
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from carina.offload.api import OffloadHandle, handle_of, wrap
+    from carina.offload.chunkloss import chunked_lm_loss
     from carina.offload.config import (
         ActivationPolicy,
         AllocatorMode,
@@ -53,6 +58,7 @@ __all__ = [
     "PlanMode",
     "ResidentMode",
     "ResidentOptimizer",
+    "chunked_lm_loss",
     "handle_of",
     "make_plan",
     "wrap",
@@ -75,6 +81,7 @@ _LAZY = {
     "ResidentMode": ("carina.offload.config", "ResidentMode"),
     "ResidentOptimizer": ("carina.offload.resident", "ResidentOptimizer"),
     "make_plan": ("carina.offload.planner", "make_plan"),
+    "chunked_lm_loss": ("carina.offload.chunkloss", "chunked_lm_loss"),
     "OffloadOptimizer": ("carina.offload.session", "OffloadOptimizer"),
 }
 

@@ -229,7 +229,7 @@ def _saved_estimate(model: nn.Module, cfg: OffloadConfig, prof: ModelProfile) ->
         return None
     numel = sum(b.numel for b in prof.blocks) + prof.resident_numel
     item = max(1, (sum(b.param_bytes for b in prof.blocks) + prof.resident_param_bytes) // max(1, numel))
-    return saved_bytes(shape, cfg.micro_batch_tokens, item)
+    return saved_bytes(shape, cfg.micro_batch_tokens, item, cfg.head_chunk_tokens)
 
 
 def _wrap_resident(

@@ -42,6 +42,10 @@ def plan(
         ),
     ] = 0.0,
     layers: Annotated[int, typer.Option(help="Decoder layers (0: the preset's).")] = 0,
+    head_chunk_tokens: Annotated[
+        int,
+        typer.Option(help="Tokens per chunk of the head and loss (carina.offload.chunked_lm_loss; 0: plain loss)."),
+    ] = 0,
     convert_on_host: Annotated[
         bool,
         typer.Option(
@@ -92,7 +96,7 @@ def plan(
             )
         except ValueError as exc:
             raise ConfigError(str(exc), key="budget") from None
-        _check_choices(micro_batches, activations, resident)
+        _check_choices(micro_batches, activations, resident, head_chunk_tokens)
         cfg = model_config(model, **({"num_hidden_layers": layers} if layers else {}))
         hw = replace(nominal_hardware(h2d_gbps, d2h_gbps, optim_gparams, disk_gbps), grad_add=grad_add_gelems * 1e9,
                      cast=cast_gelems * 1e9, fold=fold_gelems * 1e9)  # fmt: skip
@@ -100,7 +104,8 @@ def plan(
 
         def plan_for(tokens: int, micro_batches: int) -> Plan:
             staged = micro_batches > 1 or convert_on_host  # host staging only where gradients are folded/added there
-            prof = replace(estimate_profile(cfg, ShapeEstimate(tokens, seq_len, tflops, dtype_bytes)),
+            est = ShapeEstimate(tokens, seq_len, tflops, dtype_bytes, head_chunk_tokens)
+            prof = replace(estimate_profile(cfg, est),
                            micro_batches=micro_batches, staging_bytes_per_param=dtype_bytes if staged else 0,
                            fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host)  # fmt: skip
             return make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth,
@@ -117,7 +122,7 @@ def plan(
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(2) from None
     summary = {"model": model, "params": param_count(cfg), "basis": "modeled", "tokens": tokens,
-               "micro_batches": micro_batches, **result.summary()}  # fmt: skip
+               "micro_batches": micro_batches, "head_chunk_tokens": head_chunk_tokens, **result.summary()}  # fmt: skip
     if splits:
         summary["splits"] = [r.row() for r in splits]
     if json_out:
@@ -172,8 +177,11 @@ def _host_line(t: StepTime) -> str:
     return f"{traffic} at {t.host_bandwidth / 1e9:.1f} GB/s (the CPU optimizer's passes, every pinned copy, spill I/O)"
 
 
-def _check_choices(micro_batches: int, activations: str, resident: str) -> None:
+def _check_choices(micro_batches: int, activations: str, resident: str, head_chunk_tokens: int = 0) -> None:
     from carina.core.errors import ConfigError
+
+    if head_chunk_tokens < 0:
+        raise ConfigError("head_chunk_tokens must be >= 0 (0: the plain loss)", key="head_chunk_tokens")
 
     if micro_batches < 1:
         raise ConfigError("micro_batches must be >= 1", key="micro_batches")

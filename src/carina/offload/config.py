@@ -174,6 +174,9 @@ class OffloadConfig(Config):
         micro_batch_tokens: Tokens per micro-batch (sequences times sequence length), to size
             the activations before anything runs (0: unknown). Estimated from the model's
             transformers config (Llama, Mistral/Qwen2-style shapes, :mod:`carina.offload.estimate`).
+        head_chunk_tokens: Tokens per chunk of the head and loss when the loop uses
+            :func:`carina.offload.chunked_lm_loss` with this ``chunk_tokens`` (0: the plain loss), so
+            the estimate at ``micro_batch_tokens`` sizes the head's workspace as one chunk's.
         step_timing: Record where each step's time goes (:mod:`carina.offload.timing`): compute,
             recompute, waits on streamed weights, swapped activations and the CPU optimizer,
             and the optimizer's own work. For benchmarks; off by default.
@@ -209,6 +212,7 @@ class OffloadConfig(Config):
     param_cast: ConvertOn = ConvertOn.AUTO
     resident: ResidentMode = ResidentMode.AUTO
     micro_batch_tokens: int = 0
+    head_chunk_tokens: int = 0
     step_timing: bool = False
 
     def validate(self) -> None:
@@ -249,6 +253,7 @@ class OffloadConfig(Config):
             key="cpu_optimizer_threads",
         )
         require(self.micro_batch_tokens >= 0, "micro_batch_tokens must be >= 0 (0: unknown)", key="micro_batch_tokens")
+        require(self.head_chunk_tokens >= 0, "head_chunk_tokens must be >= 0 (0: plain loss)", key="head_chunk_tokens")
         for name in ("h2d_gbps", "d2h_gbps", "cpu_optimizer_gparams", "disk_gbps", "host_mem_gbps"):
             require(getattr(self, name) >= 0, f"{name} must be >= 0", key=name)
 

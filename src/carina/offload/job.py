@@ -33,6 +33,9 @@ class TrainConfig(Config):
         lr: AdamW learning rate.
         seed: Seed of the initialisation and the synthetic tokens.
         data: A text file whose bytes are the tokens (None: synthetic counting sequences).
+        loss_chunk_tokens: Tokens per chunk of the loss (:func:`carina.offload.chunked_lm_loss`): -1
+            auto (chunks of 4096 once a micro-batch's float32 logits reach 1 GiB, else the plain loss;
+            :func:`carina.offload.chunkloss.loss_chunk_tokens`), 0 the plain ``model(...).loss``.
         offload: The offload config (budgets, policies).
     """
 
@@ -43,6 +46,7 @@ class TrainConfig(Config):
     lr: float = 1e-3
     seed: int = 0
     data: Path | None = None
+    loss_chunk_tokens: int = -1
     offload: OffloadConfig = field(default_factory=OffloadConfig)
 
     def validate(self) -> None:
@@ -51,6 +55,8 @@ class TrainConfig(Config):
         require(self.micro_batch >= 1, "micro_batch must be >= 1", key="micro_batch")
         require(self.seq_len >= 2, "seq_len must be >= 2", key="seq_len")
         require(self.lr > 0, "lr must be > 0", key="lr")
+        require(self.loss_chunk_tokens >= -1, "loss_chunk_tokens must be -1 (auto), 0 (plain) or > 0",
+                key="loss_chunk_tokens")  # fmt: skip
         require(self.data is None or self.data.is_file(), f"no such data file: {self.data}", key="data")
 
 
@@ -83,6 +89,7 @@ class TrainResult:
     moved_per_step: dict[str, float]
     plan: dict[str, Any] | None
     within_budget: bool
+    loss_chunk_tokens: int = 0  # the loss's chunk (0: the plain loss)
     steps: list[StepReport] = field(default_factory=list)
 
 
@@ -134,6 +141,7 @@ def run(
     import torch
 
     from carina.offload.api import handle_of, wrap
+    from carina.offload.chunkloss import chunked_lm_loss, loss_chunk_tokens
     from carina.offload.models import build_model, model_config
 
     shape = model_config(cfg.model)
@@ -142,8 +150,12 @@ def run(
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     user_opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
     offload = cfg.offload
+    tokens = cfg.micro_batch * cfg.seq_len
     if not offload.micro_batch_tokens:  # the micro-batch is known here: resident mode can be planned
-        offload = replace(offload, micro_batch_tokens=cfg.micro_batch * cfg.seq_len)
+        offload = replace(offload, micro_batch_tokens=tokens)
+    chunk = loss_chunk_tokens(cfg.loss_chunk_tokens, tokens, shape.vocab_size)
+    if chunk and not offload.head_chunk_tokens:
+        offload = replace(offload, head_chunk_tokens=chunk)
     model, opt = wrap(model, offload, optimizer=user_opt)
     handle = handle_of(model)
     device = handle.runtime.device
@@ -159,7 +171,7 @@ def run(
         total = 0.0
         for _ in range(accum):
             ids = next(data).to(device)
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = chunked_lm_loss(model, ids, chunk_tokens=chunk) if chunk else model(input_ids=ids, labels=ids).loss
             (loss / accum).backward()
             total += float(loss.detach()) / accum
         opt.step()
@@ -175,7 +187,9 @@ def run(
         if after_step is not None:
             after_step(step + 1)
     handle.runtime.drain()
-    return _result(cfg, handle, reports, params, model_bytes, moved_after_profile)
+    result = _result(cfg, handle, reports, params, model_bytes, moved_after_profile)
+    result.loss_chunk_tokens = chunk
+    return result
 
 
 def _result(

@@ -65,6 +65,13 @@ def train(
     prefetch_depth: Annotated[int | None, typer.Option(help="Blocks fetched ahead.")] = None,
     grad_accumulation: Annotated[int | None, typer.Option(help="Micro-batches per step.")] = None,
     max_grad_norm: Annotated[float | None, typer.Option(help="Global-norm clipping.")] = None,
+    loss_chunk_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens per chunk of the loss (carina.offload.chunked_lm_loss): -1 auto (chunks of "
+            "4096 once a micro-batch's float32 logits reach 1 GiB), 0 the plain loss."
+        ),
+    ] = None,
     disagg: Annotated[
         bool, typer.Option("--disagg", help="Disaggregated data parallel: workers + parameter-server shards.")
     ] = False,
@@ -96,7 +103,15 @@ def train(
         cfg = _build_config(
             demo,
             config,
-            dict(model=model, steps=steps, micro_batch=micro_batch, seq_len=seq_len, lr=lr, data=data and str(data)),
+            dict(
+                model=model,
+                steps=steps,
+                micro_batch=micro_batch,
+                seq_len=seq_len,
+                lr=lr,
+                data=data and str(data),
+                loss_chunk_tokens=loss_chunk_tokens,
+            ),
             dict(
                 device=device,
                 device_budget=_size(device_budget, "device_budget"),
@@ -266,4 +281,5 @@ def _show(cfg: Any, r: Any) -> None:
         f"[bold]speed[/] {r.tokens_per_s:,.0f} tokens/s, {r.step_s:.3f} s/step after profiling; moved per step: {moved}"
     )
     verdict = "[green]yes[/]" if r.within_budget else "[red]NO[/]"
-    out.print(f"[bold]loss[/] {r.losses[0]:.3f} -> {r.losses[-1]:.3f}; memory stayed within budget: {verdict}")
+    how = f" (chunked, {r.loss_chunk_tokens} tokens per chunk)" if r.loss_chunk_tokens else ""
+    out.print(f"[bold]loss[/]{how} {r.losses[0]:.3f} -> {r.losses[-1]:.3f}; memory stayed within budget: {verdict}")
