@@ -48,17 +48,8 @@ else
 fi
 [ "$BUDGET_S" -gt 300 ] && BUDGET_S=300
 echo "budget $BUDGET_S s; $FE front ends; servers on CPUs $SERVER_CPUS, clients on $CLIENT_CPUS; $(nproc) CPUs"
-start=$(date +%s)
-left() { echo $((BUDGET_S - ($(date +%s) - start))); }
-step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipped when fewer than MIN_S are left
-  local name=$1 min=$2 max=$3; shift 3
-  local l; l=$(left)
-  if [ "$l" -lt "$min" ]; then echo "== $name: SKIPPED ($l s left, needs $min s)"; return; fi
-  [ "$max" -gt "$l" ] && max=$l
-  echo "== $name (timeout $max s, t=$(($(date +%s) - start)) s)"
-  timeout -k 3 "$max" "$@"; local rc=$?
-  echo "== $name rc=$rc after $(($(date +%s) - start)) s; files in $REC: $(find "$REC" -maxdepth 1 -type f | wc -l)"
-}
+# shellcheck source=benchmarks/infra_storage/lane_steps.sh
+source benchmarks/infra_storage/lane_steps.sh  # start, left, step
 
 # carried tools: lz4 and nvCOMP wheels onto PYTHONPATH, qemu-img from the .deb files (sets NVCOMP, QEMU)
 # shellcheck source=benchmarks/infra_storage/carried_tools.sh
