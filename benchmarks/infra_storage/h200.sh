@@ -44,8 +44,8 @@ else
   TIER=(--data 32M --seconds 0.5 --workers 4 --gpu-workers 1)
   nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
 fi
-# shellcheck source=benchmarks/infra_storage/lane_steps.sh
-source benchmarks/infra_storage/lane_steps.sh  # start, left, step
+# shellcheck source=benchmarks/lane_steps.sh
+source benchmarks/lane_steps.sh  # start, left, step
 
 # carried tools: lz4 and nvCOMP wheels onto PYTHONPATH, qemu-img from the .deb files (sets NVCOMP, QEMU)
 # shellcheck source=benchmarks/infra_storage/carried_tools.sh

@@ -48,8 +48,8 @@ else
 fi
 [ "$BUDGET_S" -gt 300 ] && BUDGET_S=300
 echo "budget $BUDGET_S s; $FE front ends; servers on CPUs $SERVER_CPUS, clients on $CLIENT_CPUS; $(nproc) CPUs"
-# shellcheck source=benchmarks/infra_storage/lane_steps.sh
-source benchmarks/infra_storage/lane_steps.sh  # start, left, step
+# shellcheck source=benchmarks/lane_steps.sh
+source benchmarks/lane_steps.sh  # start, left, step
 
 # carried tools: lz4 and nvCOMP wheels onto PYTHONPATH, qemu-img from the .deb files (sets NVCOMP, QEMU)
 # shellcheck source=benchmarks/infra_storage/carried_tools.sh

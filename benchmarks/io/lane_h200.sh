@@ -58,17 +58,8 @@ if [ "$HUGEPAGES" -gt "$hp_before" ] && { echo "$HUGEPAGES" > /proc/sys/vm/nr_hu
   trap 'echo "$hp_before" > /proc/sys/vm/nr_hugepages' EXIT
 fi
 echo "huge pages for fio: $(awk '/HugePages_Free/ {print $2}' /proc/meminfo) free (asked $HUGEPAGES, was $hp_before)"
-left() { echo $((BUDGET_S - ($(date +%s) - start))); }
-step() {  # step NAME MIN_S MAX_S CMD...: timeout min(MAX_S, budget left); skipped when < MIN_S are left
-  local name=$1 min=$2 max=$3; shift 3
-  if [ -n "$STEPS" ] && [[ " $STEPS " != *" $name "* ]]; then echo "== $name: not in STEPS ($STEPS)"; return; fi
-  local l; l=$(left)
-  if [ "$l" -lt "$min" ]; then echo "== $name: SKIPPED ($l s left, needs $min s)"; return; fi
-  [ "$max" -gt "$l" ] && max=$l
-  echo "== $name (timeout $max s, t=$(($(date +%s) - start)) s)"
-  timeout -k 5 "$max" "$@"; local rc=$?
-  echo "== $name rc=$rc after $(($(date +%s) - start)) s; records in $REC: $(cd "$REC" && ls ./*.json 2>/dev/null | wc -l)"
-}
+# shellcheck source=benchmarks/lane_steps.sh
+source benchmarks/lane_steps.sh  # left, step (the clock started above)
 
 if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
   PAIRS="--size 64M --cases rand4K@32,rand4K@128,seq1M@32 --pairs 1 --seconds 1"
