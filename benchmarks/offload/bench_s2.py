@@ -417,15 +417,18 @@ def phase_notax(args: argparse.Namespace) -> None:
 
 
 def disk_rates(directory: str, nbytes: int = 1 << 30, pieces: int = 8, rounds: int = 2) -> dict[str, float]:
-    """Write and read GB/s of the NVMe tier in ``directory`` (carina.memory over carina.io).
+    """Write, read and mixed GB/s of the NVMe tier in ``directory`` (carina.memory over carina.io).
 
     ``pieces`` tensors in flight at once, as the spill keeps them (one tensor at a time measured
     0.66 GB/s on the H200 in session 5 while the spill itself moved 2.1 GB/s), best of ``rounds``.
+    ``mixed_gbps`` is what the spill does: ``nbytes`` written while the ``nbytes`` written before are
+    read back, both counted (session 8's 7B spill moved its 94 GB at the read rate, not at the 1 GiB
+    write rate: this tells a shared device from an unsustained write rate).
     """
     from carina.memory.nvme import NvmeTier
 
-    tier = NvmeTier(directory, 2 * nbytes)
-    write = read = 0.0
+    tier = NvmeTier(directory, 3 * nbytes)
+    write = read = mixed = 0.0
     try:
         srcs = [torch.full((nbytes // pieces // 4,), float(k)) for k in range(pieces)]
         outs = [torch.empty_like(x) for x in srcs]
@@ -440,12 +443,21 @@ def disk_rates(directory: str, nbytes: int = 1 << 30, pieces: int = 8, rounds: i
                 fut.result()
             read = max(read, nbytes / (time.perf_counter() - t0) / 1e9)
             assert all(torch.equal(x, y) for x, y in zip(srcs, outs, strict=True)), "NVMe tier read back other bytes"
-            for ext, _ in written:
+            t0 = time.perf_counter()
+            again, reads = [], []
+            for (ext, _), src, out in zip(written, srcs, outs, strict=True):  # interleaved, as the spill issues them
+                reads.append(tier.read(ext, out))
+                again.append(tier.write(src))
+            for fut in [*reads, *(f for _, f in again)]:
+                fut.result()
+            mixed = max(mixed, 2 * nbytes / (time.perf_counter() - t0) / 1e9)
+            assert all(torch.equal(x, y) for x, y in zip(srcs, outs, strict=True)), "NVMe tier read back other bytes"
+            for ext, _ in [*written, *again]:
                 tier.free(ext)
     finally:
         tier.close()
-    return {"write_gbps": write, "read_gbps": read, "bytes": nbytes, "pieces": pieces, "rounds": rounds,
-            "path": directory}  # fmt: skip
+    return {"write_gbps": write, "read_gbps": read, "mixed_gbps": mixed, "bytes": nbytes, "pieces": pieces,
+            "rounds": rounds, "path": directory}  # fmt: skip
 
 
 def phase_spill(args: argparse.Namespace) -> None:

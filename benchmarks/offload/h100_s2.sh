@@ -67,7 +67,7 @@ else
   COMMON="--model llama2-7b --layers 16 --seq 2048 --micro 4 --cap 24 --host-budget 110 --tag 7b16l"
   T8=8192; T32=32768; T128=131072; M128=${M128:-8}; NOTAX="--model llama-3b --layers 26 --micro 1"
   CAPS=(60 150 150 90 120 40 90 170); NOTAX_MIN=100; KMODEL=llama2-7b   # ideal, carina 8k/32k, fsdp2, no tax, cpu_optim, spill, 128k
-  SPILL_TAG=7b${SPILL_LAYERS}l; DISK_PROBE=$((1 << 30))
+  SPILL_TAG=7b${SPILL_LAYERS}l; DISK_PROBE=$((4 << 30))  # 4 GiB: past a write cache (s8 probed 1 GiB)
 fi
 
 # a chunked head names its records apart (offload_s2_<tag>_head<N>_<tokens>.json): bench_s2.py takes the last --tag

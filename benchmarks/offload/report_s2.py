@@ -111,6 +111,15 @@ def host_memory_term(run: dict[str, Any]) -> float | None:
     return (ADAMW_HOST_BYTES * run["params"] + moved) / bandwidth
 
 
+def disk_mixed_term(run: dict[str, Any]) -> float | None:
+    """Seconds of a step's NVMe traffic at the probe's mixed read+write rate (None: not probed)."""
+    mixed = (run.get("disk") or {}).get("mixed_gbps")
+    moved = run.get("moved_per_step") or {}
+    if not mixed:
+        return None
+    return (moved.get("host->nvme", 0) + moved.get("nvme->host", 0)) / (mixed * 1e9)
+
+
 def _host(run: dict[str, Any]) -> dict[str, Any]:
     host = dict(run.get("host", {}))
     planned = ((run.get("plan") or {}).get("bytes") or {}).get("host")
@@ -175,6 +184,8 @@ def carina_record(
         "fraction_of_roofline_with_host_memory": (
             max(*terms.values(), host_memory_term(run) or 0.0) / run["step_s"] if terms else None
         ),
+        # beside the roofline: the NVMe bytes at the probe's mixed rate (reads and writes at once, as spilled)
+        "disk_mixed_term_s": disk_mixed_term(run),
         "host_memory": _host(run),
         "rates": rates,
         "step_split_s": run.get("step_split"),  # median phase split of the timed steps (carina.offload.timing)

@@ -95,3 +95,23 @@ def test_host_memory_term_counts_adamw_and_every_moved_byte() -> None:
     assert report_s2.host_memory_term(run) is None  # no probed bandwidth: no term
     run["hardware"] = {"host_mem": 100e9}
     assert report_s2.host_memory_term(run) == (28 * 3_000_000_000 + 30e9) / 100e9
+
+
+def test_disk_mixed_term_prices_both_directions_at_the_mixed_rate() -> None:
+    run = _run(8192, 1, 60.0)
+    assert report_s2.disk_mixed_term(run) is None  # no spill probe: no term
+    run["disk"] = {"write_gbps": 2.3, "read_gbps": 1.55}
+    assert report_s2.disk_mixed_term(run) is None  # a session-8 probe had no mixed rate
+    run["disk"]["mixed_gbps"] = 1.5
+    run["moved_per_step"].update({"host->nvme": 45e9, "nvme->host": 48e9})
+    assert report_s2.disk_mixed_term(run) == pytest.approx(93e9 / 1.5e9)
+    assert report_s2.roofline(run, IDEAL["rates"], 0.5)["disk"] == pytest.approx(45 / 2.3 + 48 / 1.55)
+
+
+def test_disk_probe_measures_write_read_and_mixed_through_the_nvme_tier(tmp_path: Path) -> None:
+    import bench_s2
+
+    rates = bench_s2.disk_rates(str(tmp_path), nbytes=8 << 20, pieces=4, rounds=1)
+    assert {"write_gbps", "read_gbps", "mixed_gbps"} <= rates.keys()
+    assert all(rates[k] > 0 for k in ("write_gbps", "read_gbps", "mixed_gbps"))
+    assert (rates["bytes"], rates["pieces"]) == (8 << 20, 4)

@@ -155,9 +155,12 @@ def test_cuda_bf16_resident_tracks_offloaded_bf16_training():
     assert next(res_model.parameters()).dtype == torch.bfloat16
     torch.testing.assert_close(torch.tensor(res), torch.tensor(off), rtol=2e-3, atol=2e-3)
     state = res_model.state_dict()
+    # Adam moves a coordinate by up to ~lr per step whatever its gradient's size, so where a gradient is near
+    # zero the two paths' bf16 roundings can push it either way: 5 steps at lr 1e-3 allow 5e-3 (session 8's
+    # H200 run: 2 of 16,384 elements past 2e-3, the largest 2.6e-3, with the losses within 2e-3).
     for name, value in off_model.state_dict().items():
         assert state[name].dtype == torch.float32
-        torch.testing.assert_close(state[name].cpu(), value.cpu(), rtol=2e-2, atol=2e-3)
+        torch.testing.assert_close(state[name].cpu(), value.cpu(), rtol=2e-2, atol=5 * 1e-3)
 
 
 def test_cuda_chunked_loss_tracks_plain_and_shrinks_the_measured_head_workspace():
