@@ -55,7 +55,7 @@ def wait_rows(run: dict, before: dict, engines: list[str], fe: int) -> list[dict
                 for k in ("mb_s", "cpu_s_per_gb"):
                     s, b = spin[k], blk[k]
                     row[f"block_over_spin_{k}"] = b / s if s and b else None
-                out.append(row)
+                out.append({k: v for k, v in row.items() if v is not None})  # not applicable: no cell
     return out
 
 
