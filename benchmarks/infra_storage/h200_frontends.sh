@@ -16,7 +16,10 @@
 #   nvcomp-feFE   GPU engine (nvCOMP batches of the step's codec), FE front ends, one launch thread each
 #   forward-feFE  codec raw: no payload work at all, the ceiling of any engine behind FE front ends
 #   torch-bsync-feFE, nvcomp-bsync-feFE  the GPU engines with --cuda-wait block (launch threads sleep in their
-#                 waits instead of spinning on the front ends' cores); BSYNC=0 leaves them out
+#                 waits instead of spinning on the front ends' cores); only with BSYNC=1 (session 8 measured them:
+#                 no gain in MB/s, see docs/infra.storage.md), left out by default
+# Every front end prepares its engine (CUDA graphs, CRC tables) before the server reports ready (since session 8;
+# before, the front ends warmed up inside the timed fill); the rows' engine_prepare_s says how long that took.
 # Steps (max / min seconds), files in $OUT/storage/:
 #   smoke (10 / 3 s), smoke_nvcomp (12 / 5 s): the engines round-trip bit-exact (PASS/FAIL, no file)
 #   infra_storage_tier_h200_fe_lz4.json      step fe_lz4 (130 / 40 s): fill + bit-exact compare, reads and
@@ -61,8 +64,8 @@ step smoke 3 10 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py --devic
 [ "$NVCOMP" = 1 ] && step smoke_nvcomp 5 12 "$PYTHON" benchmarks/infra_storage/smoke_torch_engine.py \
   --device "$DEVICE" --engine nvcomp --codecs lz4,deflate
 GPU="torch-fe$FE"; [ "$NVCOMP" = 1 ] && GPU="nvcomp-fe$FE,torch-fe$FE"
-# BSYNC=1 (default): the GPU engines once more with blocking-sync waits (-bsync: --cuda-wait block), same run
-if [ "${BSYNC:-1}" = 1 ]; then GPU="$GPU,torch-bsync-fe$FE"; [ "$NVCOMP" = 1 ] && GPU="$GPU,nvcomp-bsync-fe$FE"; fi
+# BSYNC=1: the GPU engines once more with blocking-sync waits (-bsync: --cuda-wait block), same run
+if [ "${BSYNC:-0}" = 1 ]; then GPU="$GPU,torch-bsync-fe$FE"; [ "$NVCOMP" = 1 ] && GPU="$GPU,nvcomp-bsync-fe$FE"; fi
 SYSTEMS="$GPU,inline,inline-fe$FE,process,forward-fe$FE"
 PIN=(--server-cpus "$SERVER_CPUS" --client-cpus "$CLIENT_CPUS" --clients "$FE" --workers "$FE")
 for codec in lz4 deflate; do

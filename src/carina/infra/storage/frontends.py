@@ -216,15 +216,12 @@ def _frontend_main(
 async def _frontend(
     config: Any, store: SharedBlockStore, listen: tuple[socket.socket, Any], index: int, conn: Any
 ) -> dict[str, Any]:
-    from carina.infra.storage.engines import build_engine
     from carina.infra.storage.server import NbdServer
     from carina.infra.storage.stats import TierStats
-    from carina.infra.storage.tier import SlotPool, Tier
+    from carina.infra.storage.tier import Tier, open_engine
 
     sc, srv = config.store, config.server
-    engine = build_engine(
-        config.engine, arena_bytes=srv.slots * SlotPool.slot_span(srv.slot_bytes, sc.block_size), codec=sc.codec.codec
-    )
+    engine = open_engine(config)  # prepared before "ready": no warm-up inside the first requests
     tier = Tier(store, engine, slots=srv.slots, slot_bytes=srv.slot_bytes, codec=sc.codec.codec)
     stats = TierStats()
     server = NbdServer(tier, export=srv.export, stats=stats)
@@ -239,8 +236,7 @@ async def _frontend(
         acceptor.close()
         await server.close()
         engine.close()
-    return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid(), "engine_batches": engine.batches,
-            "engine_jobs": engine.jobs}  # fmt: skip
+    return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid(), **engine.report()}
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -65,8 +65,8 @@ async def serve(
 
 
 def _snapshot(stats: TierStats, tier: Tier) -> dict[str, Any]:
-    """Live stats plus the engine's batching (batches launched, jobs in them)."""
-    return {**stats.snapshot(tier.store), "engine_batches": tier.engine.batches, "engine_jobs": tier.engine.jobs}
+    """Live stats plus the engine's batching and warm-up (:meth:`PayloadEngine.report`)."""
+    return {**stats.snapshot(tier.store), **tier.engine.report()}
 
 
 def loop_factory(kind: LoopKind) -> Callable[[], asyncio.AbstractEventLoop]:

@@ -23,7 +23,7 @@ from carina.infra.storage.config import TierConfig
 from carina.infra.storage.engines import PayloadEngine, build_engine
 from carina.infra.storage.store import BlockStore
 
-__all__ = ["RangeLock", "ReadResult", "Slot", "SlotPool", "Tier", "WriteLease"]
+__all__ = ["RangeLock", "ReadResult", "Slot", "SlotPool", "Tier", "WriteLease", "open_engine"]
 
 
 @dataclass(eq=False)
@@ -170,6 +170,23 @@ class ReadResult:
             self.slot = None
 
 
+def open_engine(config: TierConfig) -> PayloadEngine:
+    """The engine ``config`` names, with an arena for its slots, prepared for the store's block size and codec.
+
+    Every server process calls this before it accepts a connection (one-process servers and each front end of
+    ``--frontends``), so no engine warms up inside client requests.
+    """
+    sc, srv = config.store, config.server
+    arena = srv.slots * SlotPool.slot_span(srv.slot_bytes, sc.block_size)
+    engine = build_engine(config.engine, arena_bytes=arena, codec=sc.codec.codec)
+    try:
+        engine.prepare(sc.block_size, sc.codec.codec)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
 class Tier:
     """Store + engine + slots: the operations an NBD front end calls."""
 
@@ -190,9 +207,7 @@ class Tier:
         sc, srv = config.store, config.server
         store = BlockStore(sc.path, size=sc.size, block_size=sc.block_size, checkpoint_bytes=sc.checkpoint_bytes)
         try:
-            arena = srv.slots * SlotPool.slot_span(srv.slot_bytes, sc.block_size)
-            engine = build_engine(config.engine, arena_bytes=arena, codec=sc.codec.codec)
-            engine.prepare(sc.block_size, sc.codec.codec)
+            engine = open_engine(config)
         except BaseException:
             store.close()
             raise

@@ -111,7 +111,7 @@ class TorchEngine(PayloadEngine):
             return [f"the torch engine has no {request.name.lower()} kernel; use --codec zvc"]
         return super().unsupported_reasons(request)
 
-    def prepare(self, block_size: int, codec: Codec) -> None:
+    def _prepare(self, block_size: int, codec: Codec) -> None:
         """On CUDA: capture every launch thread's graphs for ``block_size`` now, not in the first requests."""
         if not self.cuda:
             return
