@@ -158,14 +158,19 @@ class ZeroCopy:
 
 
 class _Mapped:
-    """A ``__cuda_array_interface__`` over a pinned host tensor (kept alive by the view)."""
+    """A ``__cuda_array_interface__`` over a pinned host tensor (kept alive by the view).
+
+    The ``data`` tuple's second item is the read-only flag, and it must be ``False``: torch refuses
+    ``True`` ("the read only flag is not supported, should always be False"; the first H200 run of
+    the zero-copy peer, session 8). The peer only reads through the view all the same.
+    """
 
     def __init__(self, host: torch.Tensor) -> None:
         self.host = host
         self.__cuda_array_interface__ = {
             "shape": (host.shape[0], host[:1].numel() * host.element_size()),  # rows of bytes: any dtype
             "typestr": "|u1",
-            "data": (host.data_ptr(), True),
+            "data": (host.data_ptr(), False),
             "version": 3,
             "strides": None,
         }
