@@ -94,3 +94,10 @@ def test_zero_copy_interface_gets_past_torchs_parser_on_the_cpu():
         return
     with pytest.raises(RuntimeError):
         torch.as_tensor(mapped, device="cuda")
+
+
+def test_stage_check_prices_the_read_stage_as_disk_plus_host_gather():
+    run = _run()
+    run["predicted"]["stages"] |= {"disk": 0.3, "gather": 0.16}
+    got = outofcore_record.stage_check(run | {"batch_size": 512})
+    assert got["disk"]["predicted_s"] == pytest.approx(0.46) and got["disk"]["measured_s"] == pytest.approx(0.4)

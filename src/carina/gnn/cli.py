@@ -207,7 +207,8 @@ def plan(
         emit_json({"machine": spec.to_dict(), "workload": work.to_dict(), "best": best, "candidates": cands})
         return
     rows = _plan_rows(cands)
-    cols = ["SSDs", "sample ms", "disk ms", "transfer ms", "compute ms", "bottleneck", "epoch s", "seeds/s", "TPC x1e3"]
+    cols = ["SSDs", "sample ms", "disk ms", "gather ms", "transfer ms", "compute ms", "bottleneck", "epoch s"]
+    cols += ["seeds/s", "TPC x1e3"]
     print_table(rows, columns=cols, title=f"plan for {spec.name} (predicted)")
     typer.echo(
         f"recommended: {int(best.config['ssd_count'])} SSDs, GPU cache {int(best.config['gpu_cache_rows'])} rows, "
@@ -221,6 +222,7 @@ def _plan_rows(cands: list[Any]) -> list[tuple[Any, ...]]:
             int(p.config["ssd_count"]),
             f"{p.stages['sample'] * 1e3:.2f}",
             f"{p.stages['disk'] * 1e3:.2f}",
+            f"{p.stages['gather'] * 1e3:.2f}",
             f"{p.stages['transfer'] * 1e3:.2f}",
             f"{p.stages['compute'] * 1e3:.2f}",
             p.bottleneck,
