@@ -172,3 +172,14 @@ def test_disk_model_matches_the_store_page_planner(gap):
     p = predict(_machine(), work, gpu_cache_rows=0, host_cache_rows=0, gap_pages=gap)
     assert p.disk_pages == pytest.approx(runs.total_pages, rel=0.03)
     assert p.disk_ios == pytest.approx(runs.run_first.size, rel=0.03, abs=5)
+
+
+def test_pick_disk_cost_closed_form():
+    from carina.gnn.calibrate import pick_disk_cost
+
+    # 1000 reads of 10 pages at 10k IOPS and 409.6 MB/s: 0.1 s of requests, 0.1 s of bytes
+    kw = dict(reads=1000, pages_per_read=10, iops=10_000.0, bandwidth=409.6e6)
+    assert pick_disk_cost(0.2, **kw) == "additive"  # the sum: requests served one after another
+    assert pick_disk_cost(0.1, **kw) == "overlapped"  # the max: requests hidden behind transfers
+    assert pick_disk_cost(0.15, **kw) == "additive"  # nearer 0.2 than 0.1 by ratio (0.75 vs 1.5)
+    assert pick_disk_cost(0.13, **kw) == "overlapped"
