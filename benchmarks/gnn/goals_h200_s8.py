@@ -81,7 +81,10 @@ def _g3(ds: str, rec: dict, machine: MachineSpec) -> tuple[list[Figure], dict]:
                 value=forms["overlapped"] / batch,
                 unit="x",
                 basis=Basis.DERIVED,
-                peers={"additive form": forms["additive"] / batch, "read stage / overlapped": read / forms["overlapped"]},
+                peers={
+                    "additive form": forms["additive"] / batch,
+                    "read stage / overlapped": read / forms["overlapped"],
+                },
             )
         )
     return figs, rows
