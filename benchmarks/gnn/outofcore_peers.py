@@ -204,8 +204,12 @@ def generated_table(ds: Dataset, device: str, *, out_device: str | None = None, 
 
 
 def generator_fetch(ds: Dataset, device: str) -> Any:
-    """A cache-fill function (ids -> CPU rows) from the generator instead of the file."""
-    return lambda ids: generated_rows(ds, ids, device).cpu()
+    """A cache-fill function (ids -> rows on ``device``) from the generator instead of the file.
+
+    The rows stay on the device: the cache copies them into its pinned host slice by DMA (session 8
+    spent 52 s filling 34 GB at 100% cache through a pageable ``.cpu()`` copy and a second memcpy).
+    """
+    return lambda ids: generated_rows(ds, ids, device)
 
 
 class Checksummed:
