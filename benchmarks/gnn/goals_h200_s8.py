@@ -12,7 +12,12 @@ Reads ``benchmarks/results/h200/gnn_outofcore_{papers_25x10,igb_15x10x5}_h200.js
   its in-memory prediction is checked against the measured in-memory run (the recorded model had
   ``max(sample, compute)`` there);
 * the recommended-configuration goal, which these records cannot answer (no alternative at the peer
-  budget ran).
+  budget ran);
+* ``carina gnn plan`` for the H200 from the lane's calibration and profiled workloads
+  (``benchmarks/gnn/h200/s8/``) with this tree's model, the cache memory the lane meant (5.7 GB GPU,
+  11.5 GB host, the peer budget's split) and no reserves (``plan_<dataset>``), next to the plan as the
+  lane ran it (``plan_as_run_<dataset>``: the old model, and the 8/16 GB reserves took all of that memory);
+* one table of the goals, met or not, with the figures above (``goals``).
 
 Ratios are ``derived`` (from measured figures); re-predictions are ``modeled``::
 
@@ -26,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from carina.core.bench import Basis, Figure, make_record, write_record
-from carina.gnn.costmodel import MachineSpec, Overlap, WorkloadProfile, disk_seconds, predict
+from carina.gnn.costmodel import MachineSpec, Overlap, Prediction, WorkloadProfile, disk_seconds, predict, recommend
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "h200"
+LANE = Path(__file__).resolve().parent / "h200" / "s8"
+PLAN_GB = (5.7, 11.5)  # GPU, host memory for the cache in the lane's plan step
 RECORDS = {"papers": "gnn_outofcore_papers_25x10_h200", "igb": "gnn_outofcore_igb_15x10x5_h200"}
 TOL = 0.15
 
@@ -158,6 +165,123 @@ def _g5_model(ds: str, rec: dict, machine: MachineSpec) -> tuple[list[Figure], d
     return figs, rows
 
 
+def _plan_row(p: Prediction | dict) -> dict[str, Any]:
+    d = p if isinstance(p, dict) else {"config": p.config, "stages": p.stages} | vars(p)
+    st = d["stages"]
+    return {
+        "SSDs": int(d["config"]["ssd_count"]),
+        "GPU cache rows": int(d["config"]["gpu_cache_rows"]),
+        "host cache rows": int(d["config"]["host_cache_rows"]),
+        **{f"{k} ms": round(st[k] * 1e3, 2) for k in ("sample", "disk", "gather", "transfer", "compute") if k in st},
+        "bottleneck": d["bottleneck"],
+        "seeds/s": round(d["seeds_per_s"]),
+        "TPC x1e3": round(d["tpc"] * 1e3, 3),
+    }
+
+
+def _plans(name: str) -> tuple[list[dict], list[dict]]:
+    """This tree's plan from the lane's calibration and workload, and the plan as the lane printed it."""
+    machine = MachineSpec.load(LANE / "machine_h200.json")
+    machine = MachineSpec.from_dict(machine.to_dict() | {"gpu_mem_gb": PLAN_GB[0], "host_mem_gb": PLAN_GB[1]})
+    work = WorkloadProfile.load(LANE / f"workload_{name}.json")
+    _, cands = recommend(machine, work, max_ssds=6, gpu_reserve_gb=0.0, host_reserve_gb=0.0)
+    as_run = json.loads((LANE / f"plan_{name}.json").read_text())["candidates"]
+    return [_plan_row(c) for c in cands], [_plan_row(c) for c in as_run]
+
+
+def _verdict(ok: bool | None) -> str:
+    return "not measured" if ok is None else ("met" if ok else "not met")
+
+
+def _goals(metrics: dict[str, Any], figures: list[Figure]) -> list[dict[str, str]]:
+    """One row per goal and dataset: what was measured against the target, and the cause where it was missed."""
+    f = {x.name: x for x in figures}
+    rows = []
+    g2 = f.get("papers.G2.carina@1_over_in_memory")
+    if g2:
+        rows.append(
+            {
+                "goal": ">= 0.9x in-memory where IO <= 0.8x compute",
+                "dataset": "papers-like",
+                "measured": f"carina@1 {g2.value:.2f}x in-memory",
+                "verdict": _verdict(g2.value >= 0.9),
+                "cause / evidence": "the training thread gathered the host-cache hits on the CPU and copied them "
+                "pageable (assemble per batch: see stage_check transfer); fixed (gather on the IO thread, pinned "
+                "staging), not re-measured; this tree's model predicts "
+                f"{metrics['papers']['model_now']['carina@1']['predicted']:.0f} seeds/s there",
+            }
+        )
+    for ds, label in (("papers", "papers-like"), ("igb", "IGB-like")):
+        g3 = sorted((x for x in figures if x.name.startswith(f"{ds}.G3.")), key=lambda x: x.name)
+        if g3:
+            within = [x for x in g3 if abs(x.value - 1) <= TOL]
+            rows.append(
+                {
+                    "goal": "within 15% of the disk bound where IO-bound",
+                    "dataset": label,
+                    "measured": ", ".join(f"{x.name.split('.G3.')[1].split('_over')[0]} {x.value:.2f}x" for x in g3),
+                    "verdict": f"{len(within)} of {len(g3)} runs",
+                    "cause / evidence": "measured throughput over what the calibrated disk allows for the reads each "
+                    "run issued (overlapped form); above 1: faster than the calibration (taken at queue depth 64; "
+                    "the bench reads at 128), below 1: time outside the disk reads",
+                }
+            )
+        for peer, goal in (("mmap", 3.0), ("sync-reads", 1.5)):
+            g4 = next((x for x in figures if x.name.startswith(f"{ds}.G4.") and x.name.endswith(peer)), None)
+            if g4:
+                rows.append(
+                    {
+                        "goal": f">= {goal:g}x {peer} at the same budget",
+                        "dataset": label,
+                        "measured": f"{g4.value:.2f}x",
+                        "verdict": _verdict(g4.value >= goal),
+                        "cause / evidence": "mmap cold, rate extrapolated from rows read (no batch finished in its "
+                        "time box)"
+                        if peer == "mmap"
+                        else "one O_DIRECT pread per missed row behind the same cache",
+                    }
+                )
+        m = metrics[ds]
+        n_in = sum(m["stages_within"].values())
+        n_all = sum(len(v) for v in m["stage_ratios"].values())
+        spread = {k: f"{min(v):.2f}-{max(v):.2f}" for k, v in m["stage_ratios"].items()}
+        rows.append(
+            {
+                "goal": "stage predictions within +-15%",
+                "dataset": label,
+                "measured": f"{n_in} of {n_all}; predicted/measured "
+                + ", ".join(f"{k} {v}" for k, v in spread.items()),
+                "verdict": _verdict(n_in == n_all),
+                "cause / evidence": "sample: profiled alone, measured behind the training kernels on one stream "
+                "(the model now adds them); transfer: pageable copies and the CPU gather in assemble (fixed); disk: "
+                "the additive form over-prices this disk (calibration now measures the form)",
+            }
+        )
+        mem = m["model_now"]["in-memory"]
+        rows.append(
+            {
+                "goal": "model: in-memory throughput (lanes)",
+                "dataset": label,
+                "measured": f"predicted {mem['predicted']:.0f} vs measured {mem['measured']:.0f} "
+                f"({mem['predicted'] / mem['measured']:.2f}x); recorded model {mem['old_model']:.0f}",
+                "verdict": _verdict(abs(mem["predicted"] / mem["measured"] - 1) <= TOL),
+                "cause / evidence": "this tree's model re-run on the record's workload (after the fact)",
+            }
+        )
+        rows.append(
+            {
+                "goal": "recommended configuration >= 90% of best",
+                "dataset": label,
+                "measured": "no alternative ran at the peer budget",
+                "verdict": _verdict(None),
+                "cause / evidence": "cut by the deadline ("
+                + ", ".join(k for k in m["skipped"] if "ablations" in k)
+                + ")",
+            }
+        )
+    return rows
+
+
 def main() -> None:
     figures: list[Figure] = []
     metrics: dict[str, Any] = {}
@@ -177,6 +301,8 @@ def main() -> None:
             "recommended": rec["metrics"].get("recommended"),
             "skipped": rec["metrics"]["skipped"],
         }
+        metrics[f"plan_{ds}"], metrics[f"plan_as_run_{ds}"] = _plans(name)
+    metrics["goals"] = _goals(metrics, figures)
     rec = make_record(
         name="gnn_goals_h200_s8",
         figures=figures,
@@ -189,7 +315,8 @@ def main() -> None:
     print(write_record(rec))
     for f in figures:
         print(f"{f.name:48s} {f.value:12.4g} {f.unit:8s} {f.peers}")
-    for ds, v in metrics.items():
+    for ds in RECORDS:
+        v = metrics[ds]
         print(ds, "within", v["stages_within"], {k: [round(x, 2) for x in r] for k, r in v["stage_ratios"].items()})
 
 
