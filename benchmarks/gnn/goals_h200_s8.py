@@ -169,13 +169,13 @@ def _plan_row(p: Prediction | dict) -> dict[str, Any]:
     d = p if isinstance(p, dict) else {"config": p.config, "stages": p.stages} | vars(p)
     st = d["stages"]
     return {
-        "SSDs": int(d["config"]["ssd_count"]),
-        "GPU cache rows": int(d["config"]["gpu_cache_rows"]),
-        "host cache rows": int(d["config"]["host_cache_rows"]),
-        **{f"{k} ms": round(st[k] * 1e3, 2) for k in ("sample", "disk", "gather", "transfer", "compute") if k in st},
+        "ssds": int(d["config"]["ssd_count"]),
+        "gpu_cache_rows": int(d["config"]["gpu_cache_rows"]),
+        "host_cache_rows": int(d["config"]["host_cache_rows"]),
+        **{f"{k}_ms": round(st[k] * 1e3, 2) for k in ("sample", "disk", "gather", "transfer", "compute") if k in st},
         "bottleneck": d["bottleneck"],
-        "seeds/s": round(d["seeds_per_s"]),
-        "TPC x1e3": round(d["tpc"] * 1e3, 3),
+        "seeds_per_s": round(d["seeds_per_s"]),
+        "tpc_x1e3": round(d["tpc"] * 1e3, 3),
     }
 
 
@@ -205,7 +205,7 @@ def _goals(metrics: dict[str, Any], figures: list[Figure]) -> list[dict[str, str
                 "dataset": "papers-like",
                 "measured": f"carina@1 {g2.value:.2f}x in-memory",
                 "verdict": _verdict(g2.value >= 0.9),
-                "cause / evidence": "the training thread gathered the host-cache hits on the CPU and copied them "
+                "cause": "the training thread gathered the host-cache hits on the CPU and copied them "
                 "pageable (assemble per batch: see stage_check transfer); fixed (gather on the IO thread, pinned "
                 "staging), not re-measured; this tree's model predicts "
                 f"{metrics['papers']['model_now']['carina@1']['predicted']:.0f} seeds/s there",
@@ -221,7 +221,7 @@ def _goals(metrics: dict[str, Any], figures: list[Figure]) -> list[dict[str, str
                     "dataset": label,
                     "measured": ", ".join(f"{x.name.split('.G3.')[1].split('_over')[0]} {x.value:.2f}x" for x in g3),
                     "verdict": f"{len(within)} of {len(g3)} runs",
-                    "cause / evidence": "measured throughput over what the calibrated disk allows for the reads each "
+                    "cause": "measured throughput over what the calibrated disk allows for the reads each "
                     "run issued (overlapped form); above 1: faster than the calibration (taken at queue depth 64; "
                     "the bench reads at 128), below 1: time outside the disk reads",
                 }
@@ -235,8 +235,7 @@ def _goals(metrics: dict[str, Any], figures: list[Figure]) -> list[dict[str, str
                         "dataset": label,
                         "measured": f"{g4.value:.2f}x",
                         "verdict": _verdict(g4.value >= goal),
-                        "cause / evidence": "mmap cold, rate extrapolated from rows read (no batch finished in its "
-                        "time box)"
+                        "cause": "mmap cold, rate extrapolated from rows read (no batch finished in its time box)"
                         if peer == "mmap"
                         else "one O_DIRECT pread per missed row behind the same cache",
                     }
@@ -252,7 +251,7 @@ def _goals(metrics: dict[str, Any], figures: list[Figure]) -> list[dict[str, str
                 "measured": f"{n_in} of {n_all}; predicted/measured "
                 + ", ".join(f"{k} {v}" for k, v in spread.items()),
                 "verdict": _verdict(n_in == n_all),
-                "cause / evidence": "sample: profiled alone, measured behind the training kernels on one stream "
+                "cause": "sample: profiled alone, measured behind the training kernels on one stream "
                 "(the model now adds them); transfer: pageable copies and the CPU gather in assemble (fixed); disk: "
                 "the additive form over-prices this disk (calibration now measures the form)",
             }
@@ -265,7 +264,7 @@ def _goals(metrics: dict[str, Any], figures: list[Figure]) -> list[dict[str, str
                 "measured": f"predicted {mem['predicted']:.0f} vs measured {mem['measured']:.0f} "
                 f"({mem['predicted'] / mem['measured']:.2f}x); recorded model {mem['old_model']:.0f}",
                 "verdict": _verdict(abs(mem["predicted"] / mem["measured"] - 1) <= TOL),
-                "cause / evidence": "this tree's model re-run on the record's workload (after the fact)",
+                "cause": "this tree's model re-run on the record's workload (after the fact)",
             }
         )
         rows.append(
@@ -274,9 +273,7 @@ def _goals(metrics: dict[str, Any], figures: list[Figure]) -> list[dict[str, str
                 "dataset": label,
                 "measured": "no alternative ran at the peer budget",
                 "verdict": _verdict(None),
-                "cause / evidence": "cut by the deadline ("
-                + ", ".join(k for k in m["skipped"] if "ablations" in k)
-                + ")",
+                "cause": "cut by the deadline (" + ", ".join(k for k in m["skipped"] if "ablations" in k) + ")",
             }
         )
     return rows
