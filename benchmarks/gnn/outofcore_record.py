@@ -66,11 +66,14 @@ def _sum_per(run: dict, stages: tuple[str, ...], minus: float = 0.0) -> float | 
 def stage_check(run: dict) -> dict[str, dict[str, float]]:
     """Predicted against measured seconds per batch, stage by stage and for the whole batch."""
     pred = run["predicted"]
+    # the read stage (IO thread) also gathers the host-cache hits since session 8: the model's "gather"
+    # joins the disk there (records made before have no "gather" stage and gathered in assemble)
+    stages = pred["stages"] | {"disk": pred["stages"].get("disk", 0.0) + pred["stages"].get("gather", 0.0)}
     out: dict[str, dict[str, float]] = {}
     for stage, fn in _MEASURED.items():
         got = fn(run)
         if got is not None and stage in pred["stages"]:
-            out[stage] = {"predicted_s": pred["stages"][stage], "measured_s": got}
+            out[stage] = {"predicted_s": stages[stage], "measured_s": got}
     if run.get("seeds_per_s") and "batch_s" in pred:
         out["batch"] = {"predicted_s": pred["batch_s"], "measured_s": run["batch_size"] / run["seeds_per_s"]}
     for v in out.values():

@@ -85,9 +85,30 @@ def test_cache_hits_follow_the_curve():
 
 
 def test_all_cached_is_compute_bound():
+    # everything on the GPU: no disk, no gather, no copy; the sampler shares the device with the step
     p = predict(_machine(ssd_count=0), _work(), gpu_cache_rows=10**7, host_cache_rows=0)
-    assert p.stages["disk"] == 0 and p.bottleneck == "transfer+compute"
-    assert p.seeds_per_s == pytest.approx(1000 / 0.02)
+    assert p.stages["disk"] == 0 and p.stages["transfer"] == 0 and p.bottleneck == "compute"
+    assert p.seeds_per_s == pytest.approx(1000 / (0.01 + 0.02))
+    own = predict(_machine(ssd_count=0), _work(sample_lane="own"), gpu_cache_rows=10**7, host_cache_rows=0)
+    assert own.seeds_per_s == pytest.approx(1000 / 0.02)  # a sampler with its own device overlaps the step
+
+
+def test_lanes_closed_form():
+    """IO thread = disk + host gather; device = sample + transfer + compute (shared) or a sampler lane."""
+    work = _work(hotness_curve=[0.0, 0.5, 1.0], sample_s=0.03, compute_s=0.02)  # half the nodes: half the hits
+    m = _machine(ssd_count=0)
+    p = predict(m, work, gpu_cache_rows=0, host_cache_rows=10**6)  # all in the host cache, no disk
+    gather = 100_000 * 4096 / 10e9  # 41 ms at 10 GB/s
+    transfer = 100_000 * 4096 / 40.96e9  # 10 ms at 40.96 GB/s
+    assert p.stages["gather"] == pytest.approx(gather) and p.stages["transfer"] == pytest.approx(transfer)
+    assert p.bottleneck == "compute" and p.batch_s == pytest.approx(0.03 + transfer + 0.02)  # 60 ms > 41 ms
+    work_own = _work(hotness_curve=[0.0, 0.5, 1.0], sample_s=0.03, compute_s=0.02, sample_lane="own")
+    own = predict(m, work_own, gpu_cache_rows=0, host_cache_rows=10**6)
+    assert own.bottleneck == "disk" and own.batch_s == pytest.approx(gather)  # the IO thread's gather now
+    half = predict(_machine(), work, gpu_cache_rows=0, host_cache_rows=500_000)  # 50k misses of one page
+    assert half.batch_s == pytest.approx(max(half.stages["disk"] + half.stages["gather"], 0.05 + transfer))
+    with pytest.raises(ConfigError, match="sample_lane"):
+        _work(sample_lane="gpu")
 
 
 def test_no_ssd_with_misses_is_refused():
@@ -112,8 +133,9 @@ def test_hit_rate_interpolates():
 def test_recommend_picks_ssds_until_compute_bound():
     m = _machine(gpu_mem_gb=8.0, host_mem_gb=16.0, bus_limit_gbps=64.0)
     best, cands = recommend(m, _work(), max_ssds=8)
-    # disk time 0.1/k falls below compute 0.02 + transfer ~0.01 at k = 4; more SSDs only add cost
-    assert int(best.config["ssd_count"]) == 4
+    # disk time 0.1/k falls below the device lane, sample 0.01 + transfer 0.01 + compute 0.02, at k = 3;
+    # more SSDs only add cost
+    assert int(best.config["ssd_count"]) == 3
     assert [int(c.config["ssd_count"]) for c in cands] == list(range(1, 9))
     cheap, _ = recommend(m, _work(), budget_usd=m.base_price_usd + m.gpu_price_usd + 2 * m.ssd_price_usd)
     assert int(cheap.config["ssd_count"]) == 2
@@ -150,3 +172,14 @@ def test_disk_model_matches_the_store_page_planner(gap):
     p = predict(_machine(), work, gpu_cache_rows=0, host_cache_rows=0, gap_pages=gap)
     assert p.disk_pages == pytest.approx(runs.total_pages, rel=0.03)
     assert p.disk_ios == pytest.approx(runs.run_first.size, rel=0.03, abs=5)
+
+
+def test_pick_disk_cost_closed_form():
+    from carina.gnn.calibrate import pick_disk_cost
+
+    # 1000 reads of 10 pages at 10k IOPS and 409.6 MB/s: 0.1 s of requests, 0.1 s of bytes
+    kw = dict(reads=1000, pages_per_read=10, iops=10_000.0, bandwidth=409.6e6)
+    assert pick_disk_cost(0.2, **kw) == "additive"  # the sum: requests served one after another
+    assert pick_disk_cost(0.1, **kw) == "overlapped"  # the max: requests hidden behind transfers
+    assert pick_disk_cost(0.15, **kw) == "additive"  # nearer 0.2 than 0.1 by ratio (0.75 vs 1.5)
+    assert pick_disk_cost(0.13, **kw) == "overlapped"

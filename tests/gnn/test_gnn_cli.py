@@ -77,7 +77,7 @@ def test_prepare_train_calibrate_plan(tmp_path):
             ],
         )
     )
-    assert plan["best"]["bottleneck"] in {"sample", "disk", "transfer+compute"}
+    assert plan["best"]["bottleneck"] in {"sample", "disk", "compute"}
     table = runner.invoke(app, ["train", str(ds), "--fanouts", "5,5", "--batch-size", "64", "--max-batches", "2"])
     assert table.exit_code == 0 and "losses equal to in-memory" in table.stdout
 

@@ -103,7 +103,8 @@ class StaticCache:
         dim: Feature width.
         dtype: Feature dtype.
         device: Where the GPU slice and the slot map live.
-        fetch: Reads rows by node id (CPU int64) into a CPU tensor; used to fill.
+        fetch: Reads rows by node id (CPU int64) into a tensor on the CPU or the cache's
+            device (a device tensor goes to each slice by one DMA, no pageable copy); used to fill.
         host_budget_bytes: Refuse (before allocating) a host slice above this.
     """
 
@@ -137,7 +138,8 @@ class StaticCache:
         self.slot[gpu_ids] = torch.arange(gpu_rows, dtype=torch.int32)
         self.slot[host_ids] = -2 - torch.arange(host_rows, dtype=torch.int32)
         self.slot = self.slot.to(self.device)
-        self.gpu = _filled(gpu_ids, dim, dtype, fetch).to(self.device)
+        # the device slice is allocated on the device: no host copy of it first (11 GB at 2^26 x 512 B / 3)
+        self.gpu = _filled(gpu_ids, dim, dtype, fetch, device=self.device)
         # filled in place in pinned memory: no pageable copy of the slice first (half the peak, one copy less)
         self.host = _filled(host_ids, dim, dtype, fetch, pin=torch.cuda.is_available() and host_rows > 0)
         self.gpu_rows, self.host_rows = gpu_rows, host_rows
@@ -175,9 +177,10 @@ def _filled(
     fetch: Callable[[torch.Tensor], torch.Tensor],
     *,
     pin: bool = False,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
-    out = torch.empty(ids.numel(), dim, dtype=dtype, pin_memory=pin)
+    out = torch.empty(ids.numel(), dim, dtype=dtype, pin_memory=pin, device=device)
     step = 1 << 16
     for lo in range(0, ids.numel(), step):
-        out[lo : lo + step] = fetch(ids[lo : lo + step])
+        out[lo : lo + step].copy_(fetch(ids[lo : lo + step]))
     return out

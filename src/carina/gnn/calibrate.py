@@ -2,9 +2,12 @@
 
 :func:`calibrate_machine` times, on this machine: 4 KiB random reads and 1 MiB
 sequential reads through :mod:`carina.io` (vectorised gathers, as the feature store
-reads; ``O_DIRECT`` where the file system allows it) on a scratch file,
+reads; ``O_DIRECT`` where the file system allows it) on a scratch file, then random
+reads of several pages each, which say whether the disk adds a request's cost to its
+bytes or overlaps them (``MachineSpec.disk_cost``, :func:`pick_disk_cost`),
 host->device copies (pinned, or a host memcpy on a CPU-only machine) and
-scattered row gathers in host memory.
+scattered row gathers in host memory. Pass the :class:`~carina.io.IOConfig` the
+store will read with: the IOPS depend on the queue depth.
 :func:`profile_workload` samples batches to measure sampling and training time
 per batch, unique nodes per batch and the hotness curve: nodes ranked on one
 set of pre-sampled batches, hit shares counted on another, so the curve
@@ -13,6 +16,7 @@ predicts hits on batches the ranking has not seen.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -28,7 +32,7 @@ from carina.gnn.sampler import NeighborSampler
 from carina.gnn.train import GNN, train_step
 from carina.io import FileHandle, IOConfig, IOEngine, aligned_buffer
 
-__all__ = ["calibrate_machine", "hotness_curve", "profile_workload"]
+__all__ = ["calibrate_machine", "hotness_curve", "pick_disk_cost", "profile_workload"]
 
 _MB = 1 << 20
 
@@ -39,7 +43,7 @@ def calibrate_machine(
     """Measure disk, copy and gather rates; the scratch file is removed afterwards."""
     path = Path(scratch_dir) / ".carina-gnn-calibrate.bin"
     try:
-        iops, bw = _disk(path, size_mb, io or IOConfig())
+        iops, bw, form = _disk(path, size_mb, io or IOConfig())
     finally:
         path.unlink(missing_ok=True)
     cuda = device.startswith("cuda")
@@ -56,10 +60,11 @@ def calibrate_machine(
         pcie_gbps=_copy_rate(device) / 1e9,
         host_gather_gbps=_gather_rate() / 1e9,
         bus_limit_gbps=_copy_rate(device) / 1e9 if device.startswith("cuda") else 64.0,
+        disk_cost=form,
     )
 
 
-def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float]:
+def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float, str]:
     size = size_mb * _MB
     with path.open("wb") as f:
         chunk = np.random.default_rng(0).integers(0, 255, _MB, dtype=np.uint8).tobytes()
@@ -76,8 +81,33 @@ def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float]:
         for off in range(0, size - per * _MB + 1, per * _MB):
             eng.gather(h, off + _MB * np.arange(per), _MB, big, coalesce=False).result()
         bw = size / (time.perf_counter() - t0)
+        form = _disk_form(eng, h, size // 4096, iops, bw)
         eng.close_file(h)
-    return iops, bw
+    return iops, bw, form
+
+
+def _disk_form(eng: IOEngine, h: FileHandle, pages: int, iops: float, bw: float) -> str:
+    """The disk cost form that fits random reads of ``g`` pages (:func:`pick_disk_cost`).
+
+    ``g`` is where a request's cost equals its bytes', so the two forms differ by 2x there.
+    """
+    g = int(min(max(2, round(bw / (iops * 4096))), 64, pages // 2))
+    reads = int(min(4096, (64 * _MB) // (g * 4096)))
+    at = np.random.default_rng(2).integers(0, pages - g, reads) * 4096
+    buf = aligned_buffer(g * 4096 * reads)
+    t0 = time.perf_counter()
+    eng.gather(h, at, g * 4096, buf, coalesce=False).result()
+    return pick_disk_cost(time.perf_counter() - t0, reads=reads, pages_per_read=g, iops=iops, bandwidth=bw)
+
+
+def pick_disk_cost(seconds: float, *, reads: int, pages_per_read: int, iops: float, bandwidth: float) -> str:
+    """``"additive"`` or ``"overlapped"``, whichever prices the reads nearer (by ratio).
+
+    ``reads`` reads of ``pages_per_read`` pages each took ``seconds``.
+    """
+    per_request, transfer = reads / iops, reads * pages_per_read * 4096 / bandwidth
+    additive, overlapped = per_request + transfer, max(per_request, transfer)
+    return "additive" if abs(math.log(seconds / additive)) < abs(math.log(seconds / overlapped)) else "overlapped"
 
 
 def _random_reads(eng: IOEngine, h: FileHandle, pages: int, reads: int = 16384) -> float:

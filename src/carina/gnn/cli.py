@@ -149,13 +149,15 @@ def calibrate(
     scratch: Annotated[Path, typer.Argument(help="Directory on the disk that will hold features.")],
     device: DeviceOpt = "cpu",
     size_mb: Annotated[int, typer.Option(help="Scratch file size for disk tests.")] = 256,
+    queue_depth: Annotated[int, typer.Option(help="Reads in flight (bench_outofcore's engine: 128).")] = 128,
     out: Annotated[Path | None, typer.Option(help="Write the MachineSpec JSON here.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Measure disk IOPS/bandwidth, host->device copies and gathers for the cost model."""
     from carina.gnn.calibrate import calibrate_machine
+    from carina.io import IOConfig
 
-    spec = calibrate_machine(scratch, size_mb=size_mb, device=device)
+    spec = calibrate_machine(scratch, size_mb=size_mb, device=device, io=IOConfig(queue_depth=queue_depth))
     if out is not None:
         spec.save(out)
     if json_out:
@@ -179,6 +181,8 @@ def plan(
     hidden: Annotated[int, typer.Option(help="Hidden width.")] = 256,
     budget: Annotated[float | None, typer.Option(help="Price limit in USD.")] = None,
     max_ssds: Annotated[int, typer.Option(help="Largest SSD count to consider.")] = 16,
+    gpu_reserve_gb: Annotated[float, typer.Option(help="GPU memory kept out of the cache.")] = 8.0,
+    host_reserve_gb: Annotated[float, typer.Option(help="Host memory kept out of the cache.")] = 16.0,
     json_out: JsonOpt = False,
 ) -> None:
     """Predict stage times, bottleneck, epoch time and TPC; recommend SSD count and caches."""
@@ -202,12 +206,15 @@ def plan(
         work = profile_workload(Dataset.open(dataset), cfg)
     else:
         raise ConfigError("give a dataset directory or --workload", key="dataset")
-    best, cands = recommend(spec, work, budget_usd=budget, max_ssds=max_ssds)
+    best, cands = recommend(
+        spec, work, budget_usd=budget, max_ssds=max_ssds, gpu_reserve_gb=gpu_reserve_gb, host_reserve_gb=host_reserve_gb
+    )
     if json_out:
         emit_json({"machine": spec.to_dict(), "workload": work.to_dict(), "best": best, "candidates": cands})
         return
     rows = _plan_rows(cands)
-    cols = ["SSDs", "sample ms", "disk ms", "transfer ms", "compute ms", "bottleneck", "epoch s", "seeds/s", "TPC x1e3"]
+    cols = ["SSDs", "sample ms", "disk ms", "gather ms", "transfer ms", "compute ms", "bottleneck", "epoch s"]
+    cols += ["seeds/s", "TPC x1e3"]
     print_table(rows, columns=cols, title=f"plan for {spec.name} (predicted)")
     typer.echo(
         f"recommended: {int(best.config['ssd_count'])} SSDs, GPU cache {int(best.config['gpu_cache_rows'])} rows, "
@@ -221,6 +228,7 @@ def _plan_rows(cands: list[Any]) -> list[tuple[Any, ...]]:
             int(p.config["ssd_count"]),
             f"{p.stages['sample'] * 1e3:.2f}",
             f"{p.stages['disk'] * 1e3:.2f}",
+            f"{p.stages['gather'] * 1e3:.2f}",
             f"{p.stages['transfer'] * 1e3:.2f}",
             f"{p.stages['compute'] * 1e3:.2f}",
             p.bottleneck,

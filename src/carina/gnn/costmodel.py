@@ -6,16 +6,28 @@ cache sizes), the stages are::
 
     sample    = measured sampling time per batch (GPU or CPU sampler)
     compute   = measured forward + backward + step per batch
-    transfer  = U (1 - h_g) row / B_pcie + U h_c row / B_gather     (host -> device)
+    gather    = U h_c row / B_gather                                 (host-cache hits, CPU)
+    transfer  = U (1 - h_g) row / B_pcie                             (host -> device, pinned)
     disk      = IOs / (k IOPS) + pages 4 KiB / (k B_disk)            (k SSDs, additive)
              or max(IOs / (k IOPS), pages 4 KiB / (k B_disk))       (disk_cost="overlapped")
 
 Pages touched by ``m`` misses spread over ``P`` file pages: ``P (1 - exp(-m r / P))``
 with ``r`` pages per row; IOs are the pages whose predecessor was not read
-(``pages (1 - pages / P)``). The pipeline overlaps sampling, disk reads and the
-training thread, so ``T_batch = max(sample, disk, transfer + compute)``; without
-overlap it is their sum. Throughput per dollar divides seeds/s by the machine's
-price (base + GPU + k SSDs).
+(``pages (1 - pages / P)``). The pipeline runs lanes side by side: the IO thread
+(disk reads, then the host-cache gather into pinned staging memory: lane ``disk``)
+and the device. When the sampler runs on the training device
+(``WorkloadProfile.sample_lane == "shared"``, what :mod:`carina.gnn.runner` does)
+its kernels queue on the same stream as the copies and the step, so the device
+lane is ``sample + transfer + compute`` (lane ``compute``) and
+``T_batch = max(disk + gather, sample + transfer + compute)``; a sampler with a
+device of its own (``"own"``) is a third lane, ``max(sample, disk + gather,
+transfer + compute)``. Without overlap the batch is the sum of the stages.
+Throughput per dollar divides seeds/s by the machine's price (base + GPU + k SSDs).
+
+Why ``shared``: on the H200 (session 8, ``gnn_outofcore_papers_25x10_h200``) the
+profiled sampler took 7.6 ms per [25,10] @ 8000 batch alone and the step 5.8 ms,
+and the pipelined in-memory run took 13.5 ms per batch, their sum, not their
+max (the model then predicted 1.77x that run's throughput).
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from carina.core.config import Config, require
 from carina.core.errors import CapacityError
 
 __all__ = [
+    "SAMPLE_LANES",
     "MachineSpec",
     "Overlap",
     "Prediction",
@@ -42,6 +55,7 @@ __all__ = [
 
 PAGE = 4096
 DISK_COSTS = ("additive", "overlapped")
+SAMPLE_LANES = ("shared", "own")
 
 
 class Overlap(enum.Enum):
@@ -113,6 +127,9 @@ class WorkloadProfile(Config):
         sample_s / compute_s: Measured seconds per batch.
         hotness_curve: Cumulative share of row accesses served by the hottest
             ``i / (len - 1)`` fraction of nodes (starts at 0.0, ends at 1.0).
+        sample_lane: ``"shared"``: the sampler runs on the training device, in one
+            lane with the copies and the step (their times add); ``"own"``: it has a
+            device (or cores) of its own and overlaps them.
     """
 
     num_nodes: int
@@ -124,9 +141,11 @@ class WorkloadProfile(Config):
     sample_s: float
     compute_s: float
     hotness_curve: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    sample_lane: str = "shared"
 
     def validate(self) -> None:
-        """Sizes positive; the curve rises from 0 to 1."""
+        """Sizes positive; the curve rises from 0 to 1; a known sample lane."""
+        require(self.sample_lane in SAMPLE_LANES, f"sample_lane must be one of {SAMPLE_LANES}", key="sample_lane")
         require(self.num_nodes > 0 and self.row_bytes > 0, "empty workload", key="num_nodes")
         curve = self.hotness_curve
         require(len(curve) >= 2 and curve[0] == 0.0, "hotness_curve starts at 0", key="hotness_curve")
@@ -187,9 +206,9 @@ def predict(
         raise CapacityError("no SSD but rows miss the caches", misses_per_batch=misses)
     disk = disk_seconds(machine, ios, pages) if k and misses > 0 else 0.0
     transfer = u * (1 - h_g) * work.row_bytes / (machine.pcie_gbps * 1e9)
-    transfer += u * h_c * work.row_bytes / (machine.host_gather_gbps * 1e9)
-    stages = {"sample": work.sample_s, "disk": disk, "transfer": transfer, "compute": work.compute_s}
-    lanes = {"sample": work.sample_s, "disk": disk, "transfer+compute": transfer + work.compute_s}
+    gather = u * h_c * work.row_bytes / (machine.host_gather_gbps * 1e9)
+    stages = {"sample": work.sample_s, "disk": disk, "gather": gather, "transfer": transfer, "compute": work.compute_s}
+    lanes = _lanes(stages, work.sample_lane)
     if overlap is Overlap.PIPELINED:
         bottleneck = max(lanes, key=lambda s: lanes[s])
         batch = lanes[bottleneck]
@@ -210,6 +229,16 @@ def predict(
         disk_ios=ios,
         config={"gpu_cache_rows": gpu_rows, "host_cache_rows": host_rows, "ssd_count": k},
     )
+
+
+def _lanes(stages: dict[str, float], sample_lane: str) -> dict[str, float]:
+    """Seconds per batch of each pipeline lane: the IO thread, the device, and a sampler of its own."""
+    lanes = {"disk": stages["disk"] + stages["gather"], "compute": stages["transfer"] + stages["compute"]}
+    if sample_lane == "shared":
+        lanes["compute"] += stages["sample"]
+    else:
+        lanes["sample"] = stages["sample"]
+    return lanes
 
 
 def disk_seconds(machine: MachineSpec, ios: float, pages: float) -> float:

@@ -144,7 +144,9 @@ class PlacedFeatures:
         matrix = torch.stack(gathered).numpy()
         routes = plan_batch(self.topo, self.sources, self.gpus, matrix, self.row_bytes, relay=self.relay)
         log = self._start_log(routes)
-        out = torch.empty(plan.n_id.numel(), self.dim, dtype=self.dtype)
+        # pinned for a CUDA device: assemble's copy is then asynchronous (the store's staging, session 8)
+        pin = self.device.type == "cuda" and torch.cuda.is_available()
+        out = torch.empty(plan.n_id.numel(), self.dim, dtype=self.dtype, pin_memory=pin)
         exchanged, disk = False, []
         for name in [*routes.order[self.me], self.me]:
             kind, s = self.topo.nodes[name].kind, self.sources.index(name)
@@ -241,7 +243,7 @@ class PlacedFeatures:
 
     def assemble(self, plan: PlacedPlan, rows: torch.Tensor) -> torch.Tensor:
         """The batch on the compute device."""
-        return rows.to(self.device)
+        return rows.to(self.device, non_blocking=True)
 
     def gather(self, n_id: torch.Tensor) -> torch.Tensor:
         """All stages at once (collective: every rank must call it)."""
