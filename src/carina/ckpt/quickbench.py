@@ -69,13 +69,15 @@ def quick_bench(
     try:
         for name in writers:
             sub = os.path.join(root, name)
-            blocked, durable, done = [], [], []
+            blocked: list[float] = []
+            durable: list[float] = []
+            done: list[float] = []
             cfg = CheckpointConfig(dir=sub, writer=choice(WriterKind, name, key="writers"), keep_last=1)
             with Checkpointer(cfg) as ckpt:
                 for step in range(reps + _WARMUP):  # the first two saves allocate the two arenas: left out
-                    times = timed_save(ckpt, step, state)
+                    saved = timed_save(ckpt, step, state)
                     if step >= _WARMUP:
-                        for out, t in zip((blocked, durable, done), times, strict=True):
+                        for out, t in zip((blocked, durable, done), saved, strict=True):
                             out.append(t)
             rows.append({"method": f"carina-{name}", "blocking_s": statistics.median(blocked),
                          "durable_s": statistics.median(durable), "done_s": statistics.median(done)})  # fmt: skip
