@@ -28,7 +28,7 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder the records go to}"
 DEVICE=${DEVICE:-cuda}
 if [ "$DEVICE" = cpu ]; then
-  OV_PARAMS=2e6; OV_LIMIT=90; SUFFIX=_cpu_proof_s9
+  OV_PARAMS=2e6; OV_LIMIT=200; SUFFIX=_cpu_proof_s9
   OFF=(--model tiny --layers 4 --budget 4MiB); OFF_LIMIT=100; START_BY=60; FORK_MB=128; FORK_REPS=2
 else
   OV_PARAMS=350e6; OV_LIMIT=150; SUFFIX=_h200_s9
