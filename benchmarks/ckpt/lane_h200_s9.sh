@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # carina.ckpt on the H200, session 9: the 7B-shape offload run with dcp.async_save that session 8 had no time for,
 # then the overhead and time-to-durable goals of issue 7 again after the session-8 changes.
+#  gputest  tests/ckpt/test_ckpt_gpu.py (-m gpu): staging with and without the device snapshot, back-to-back
+#            saves each the pre-step state, every writer, managed memory: session 8 changed how the stager
+#            keeps its arena and device-buffer views, which only a GPU runs (~20 s)
 #  offload7b bench_offload.py, carina.offload llama2-7b's shape at OFFLOAD_LAYERS (default 8) of its 32 layers
 #            (1.88 B params, 22.6 GB state), 24 GiB device budget, 4x2048 tokens/step: carina process, then
 #            dcp.async_save (s7 cut it: 'skipped: time budget'; s8 never ran the part), then torch.save (cold)
@@ -19,7 +22,7 @@
 #            save kept, io-wq workers counted; the disk's bandwidth the best of 3 passes after an untimed one
 #                                                                      -> ckpt_fork_write$SUFFIX.json
 #            (~75 s)
-# HARD BUDGET: BUDGET_S (default 540 s, + ~5 s of lane_env setup before the clock starts: give the call 560 s); each
+# HARD BUDGET: BUDGET_S (default 560 s, + ~5 s of lane_env setup before the clock starts: give the call 580 s); each
 # step under `timeout`, clipped to what is left; each benchmark rewrites its record in $OUT/ckpt/ after every
 # method / pair / round. Peak: host RAM ~95 GB, disk ~46 GB, /dev/shm ~48 GB (offload7b).
 # Usage (repository root): OUT=<dir> bash benchmarks/ckpt/lane_h200_s9.sh   (PARTS="offload7b" etc. for a subset)
@@ -35,8 +38,8 @@ else
   OFF=(--model llama2-7b --layers "${OFFLOAD_LAYERS:-8}" --budget 24GiB --micro-batch 4 --seq-len 2048)
   OFF_LIMIT=270; START_BY=160; FORK_MB=${FORK_MB:-2048}; FORK_REPS=${FORK_REPS:-5}
 fi
-BUDGET_S=${BUDGET_S:-540}
-PARTS=${PARTS:-offload7b overhead fork}   # which steps run (always in the order below)
+BUDGET_S=${BUDGET_S:-560}
+PARTS=${PARTS:-gputest offload7b overhead fork}   # which steps run (always in the order below)
 OV_PARAMS=${OVERHEAD_PARAMS:-$OV_PARAMS}; OV_LIMIT=${OVERHEAD_LIMIT:-$OV_LIMIT}
 OFF_LIMIT=${OFFLOAD_LIMIT:-$OFF_LIMIT}; START_BY=${OFFLOAD_START_BY:-$START_BY}
 SUFFIX=${SUFFIX_OVERRIDE:-$SUFFIX}
@@ -45,6 +48,8 @@ SUFFIX=${SUFFIX_OVERRIDE:-$SUFFIX}
 lane_env
 lane_begin lane_s9.log "./.ckpt_s9.$$"
 
+has gputest && step "gpu tests (staging, device snapshot, writers, managed memory)" 25 \
+  "$PYTHON" -m pytest -q -p no:cacheprovider -m gpu tests/ckpt/test_ckpt_gpu.py
 has offload7b && step "offload7b ($DEVICE, ${OFF[*]})" "$OFF_LIMIT" \
   "$PYTHON" $B/bench_offload.py --device "$DEVICE" "${OFF[@]}" --dir "$WORK/run" --deadline-s 90 \
   --methods "${OFFLOAD_METHODS:-carina-process,dcp.async_save,torch.save,carina-thread}" --cold torch.save \
