@@ -16,10 +16,11 @@ The grandchild writes one :data:`carina.ckpt.commit.CHUNK` (64 MiB) at a time
 requests in flight at the device. :func:`queued_direct` keeps :data:`DEPTH` writes
 of :data:`CHUNK` bytes in flight through an io_uring ring of the grandchild's own
 (:class:`carina.io.backends._ring.Ring`: raw system calls, no thread of its own)
-instead; it was the default in session 8 and ran slower than the one-at-a-time
-writes on the H200 (``ckpt_fork_write_h200_s8``), and on ext4 the kernel hands its
-writes to one io-wq worker (see docs/ckpt.md), so it is kept for the benchmark
-only (``forked_write(..., aligned=queued_direct)``).
+instead; it was the default in session 8 and was not faster than the one-at-a-time
+writes in that session's H200 run (``ckpt_fork_write_h200_s8``: two saves each), and
+on the CPU machine's ext4 the kernel handed its writes to io-wq worker threads
+(``ckpt_fork_write_cpu_s8``), so it is kept for the benchmark only
+(``forked_write(..., aligned=queued_direct)``; docs/ckpt.md).
 
 If the child dies, the grandchild finishes its file in the attempt's temporary
 directory and exits; that directory is debris, which restore ignores and the
