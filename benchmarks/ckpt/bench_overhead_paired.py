@@ -214,7 +214,11 @@ def summarize(name: str, out: dict[str, Any], persist_s: float) -> dict[str, Any
                 "ci95_pct": _r3(est.ci_pct), "bootstrap95_pct": _r3(est.bootstrap_pct),
                 "per_block_pct": _r3(est.per_block_pct), "in_flight_pct": round(est.in_flight_pct, 3),
                 "in_flight_ci95_pct": _r3(est.in_flight_ci_pct),
-                "after_durable_pct": round(est.after_pct, 3),
+                "after_durable_pct": round(est.after_pct, 3), "blocking_pct": round(est.blocking_pct, 3),
+                "in_flight_step_pct": round(est.in_flight_step_pct, 3),
+                "after_step_pct": round(est.after_step_pct, 3),
+                "flight_minus_after_step_pct": round(est.flight_minus_after_step_pct, 3),
+                "flight_minus_after_ci95_pct": _r3(est.flight_minus_after_ci_pct),
                 "blocking_s_per_save": round(sum(b["blocking_s"] for b in out["ckpt"]) / len(ckpt), 4),
                 "durable_s": [round(b["durable_s"], 3) for b in out["ckpt"]],
                 "extended_blocks": sum(len(b["steps_s"]) > k for b in out["ckpt"]), "goal_applies": applies,
@@ -261,7 +265,9 @@ def write(args: Any, run: dict[str, Any]) -> None:
              f"if longer; persist_max_s the slowest); auto K: K x step >= {args.interval_factor} x the slowest of "
              f"{args.calib_saves} timed calibration saves (metrics.methods.<m>.calibration); verdict_in_flight "
              "the same from blocking + the in-flight steps only (less noisy; it assumes steps after durable cost "
-             "nothing: after_durable_pct). "
+             "nothing: after_durable_pct); blocking_pct = the blocking part of in_flight_pct; in_flight_step_pct / "
+             "after_step_pct = how much slower than the base an in-flight / after-durable step ran (mean over "
+             "blocks, % of a step), flight_minus_after_step_pct their per-block difference with its t interval. "
              "Every step time is in metrics.methods.")  # fmt: skip
     name = args.name or f"ckpt_overhead_paired_{args.device}"
     rec = make_record(name=name, figures=figures, config=cfg, metrics={"summary": summary, **run}, notes=notes,

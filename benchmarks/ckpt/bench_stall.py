@@ -129,8 +129,14 @@ def warm_workload(params: float, device: str, model_kind: str, root: Path) -> tu
     return model, opt, x, step, nbytes, bw, src
 
 
-def disk_ceiling(root: Path, nbytes: int) -> tuple[float, str]:
-    """Sequential O_DIRECT write bandwidth (B/s) of the checkpoint disk, with fsync."""
+def disk_ceiling(root: Path, nbytes: int, passes: int = 3) -> tuple[float, str]:
+    """Sequential O_DIRECT write bandwidth (B/s) of the checkpoint disk, with fsync.
+
+    Without fio: an untimed pass first (the first carina.io engine of a process pays tens of ms of imports
+    and probes, which session 8's single timed pass counted), then the best of ``passes`` timed ones, each
+    named in the source: a writer measured above a one-pass ceiling (carina-process at 1.019 in
+    ``ckpt_fork_write_h200_s8``) showed the ceiling too low, not the writer beyond the disk.
+    """
     size = max(256 << 20, min(nbytes, 2 << 30)) >> 20 << 20
     target = root / "fio.bin"
     if shutil.which("fio"):
@@ -142,17 +148,23 @@ def disk_ceiling(root: Path, nbytes: int) -> tuple[float, str]:
     from carina.io import Direct, IOConfig, IOEngine, aligned_buffer
 
     buf = aligned_buffer(64 << 20)
-    t0 = time.perf_counter()
+    buf[:] = 1  # touched: no page faults inside the timed writes
+    rates = []
     with IOEngine(IOConfig(direct=Direct.ON)) as eng:
-        h = eng.open(target, "w", size=size)
-        futs = [eng.write(h, off, buf) for off in range(0, size, len(buf))]
-        for f in futs:
-            f.result()
-        eng.fsync(h)
-        eng.close_file(h)
-    bw = size / (time.perf_counter() - t0)
-    target.unlink(missing_ok=True)
-    return bw, f"carina.io seq write O_DIRECT {size >> 20} MiB (fio absent)"
+        for i in range(passes + 1):
+            t0 = time.perf_counter()
+            h = eng.open(target, "w", size=size if i else len(buf))
+            futs = [eng.write(h, off, buf) for off in range(0, size if i else len(buf), len(buf))]
+            for f in futs:
+                f.result()
+            eng.fsync(h)
+            eng.close_file(h)
+            took = time.perf_counter() - t0
+            target.unlink(missing_ok=True)  # each pass a new file, as each checkpoint is
+            if i:
+                rates.append(size / took)
+    each = ", ".join(f"{r / 1e9:.3f}" for r in rates)
+    return max(rates), f"carina.io seq write O_DIRECT {size >> 20} MiB, best of {passes} ({each} GB/s) (fio absent)"
 
 
 def sync_copy_s(model: Any, opt: Any, limit: int = 4 << 30) -> float | None:

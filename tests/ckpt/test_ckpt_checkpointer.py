@@ -353,3 +353,27 @@ def test_rank_0_never_sees_a_part_that_exists_but_is_not_written(
     commit.run_job(job1, image1)
     assert seen and seen[0][0] == "part_named"  # first visible after its rename, never while being written
     assert all(size > 0 for _, _, size in seen)
+
+
+def test_arena_views_are_kept_and_rebuilt_when_the_arena_grows(tmp_path: Path) -> None:
+    """The stager keeps each arena's slot views across saves; a grown arena gets new ones; every save restores."""
+    lin = torch.nn.Linear(6, 4)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.SYNC, keep_last=0)) as ckpt:
+        stager = ckpt._stager
+        saved = {}
+        for step in (1, 2, 3):  # arenas 0, 1, 0
+            with torch.no_grad():
+                lin.weight.add_(step)
+            ckpt.save(step, {"model": lin})
+            saved[step] = {k: v.clone() for k, v in lin.state_dict().items()}
+            if step == 1:
+                first = stager._views[0][2]
+        assert stager._views[0][2] is first  # arena 0's views made once, used by saves 1 and 3
+        big = torch.nn.Linear(64, 64)  # outgrows the arenas: arena 1 is reallocated, its views rebuilt
+        ckpt.save(4, {"model": big})
+        saved[4] = {k: v.clone() for k, v in big.state_dict().items()}
+        for step, want in saved.items():
+            target = torch.nn.Linear(64, 64) if step == 4 else torch.nn.Linear(6, 4)
+            assert ckpt.restore({"model": target}, step=step) == step
+            for k, v in target.state_dict().items():
+                assert torch.equal(v, want[k]), (step, k)

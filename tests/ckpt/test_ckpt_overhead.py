@@ -25,6 +25,8 @@ def test_constant_steps_give_the_exact_excess() -> None:
     assert est.in_flight_pct == pytest.approx(12.5)
     assert est.in_flight_ci_pct == pytest.approx((12.5, 12.5))
     assert est.after_pct == pytest.approx(0.0)
+    assert est.blocking_pct == pytest.approx(5.0)  # 0.2 / (4 x 1.0)
+    assert est.in_flight_step_pct == pytest.approx(30.0) and est.after_step_pct == pytest.approx(0.0)
     assert est.n == 3 and est.base_step_s == pytest.approx(1.0)
     assert verdict(est.ci_pct, 3.5) == "missed"
     assert verdict(est.ci_pct, 15.0) == "met"
@@ -128,3 +130,27 @@ def test_t_quantiles_match_scipy() -> None:
     for df in (1, 2, 5, 11, 29, 30):
         assert t_quantile(df) == pytest.approx(stats.t.ppf(0.975, df), abs=6e-4)
     assert t_quantile(200) == pytest.approx(stats.norm.ppf(0.975), abs=1e-3)
+
+
+def test_a_slowdown_over_the_whole_block_shows_in_both_per_step_rates() -> None:
+    """Steps 10 % slow before and after durable: the per-step rates agree, so the writer is not singled out."""
+    k = 5
+    clean = [_clean([1.0] * k) for _ in range(3)]
+    ckpt = [Block(steps_s=[1.1] * k, blocking_s=0.0, in_flight=2) for _ in range(2)]
+    est = paired_overhead(ckpt, clean, k)
+    assert est.in_flight_step_pct == pytest.approx(10.0) and est.after_step_pct == pytest.approx(10.0)
+    assert est.in_flight_pct == pytest.approx(4.0) and est.after_pct == pytest.approx(6.0)
+    assert est.blocking_pct == 0.0
+    assert est.flight_minus_after_step_pct == pytest.approx(0.0)
+    assert est.flight_minus_after_ci_pct == pytest.approx((0.0, 0.0))
+
+
+def test_a_slower_in_flight_step_shows_as_the_difference() -> None:
+    """In-flight steps 20 % and 30 % over, the later ones 0 % and 10 %: the save adds 20 % to its steps."""
+    k = 4
+    clean = [_clean([1.0] * k) for _ in range(3)]
+    ckpt = [Block(steps_s=[1.2, 1.2, 1.0, 1.0], in_flight=2), Block(steps_s=[1.3, 1.3, 1.1, 1.1], in_flight=2)]
+    est = paired_overhead(ckpt, clean, k)
+    assert est.in_flight_step_pct == pytest.approx(25.0) and est.after_step_pct == pytest.approx(5.0)
+    assert est.flight_minus_after_step_pct == pytest.approx(20.0)
+    assert est.flight_minus_after_ci_pct == pytest.approx((20.0, 20.0))

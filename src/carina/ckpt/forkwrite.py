@@ -4,17 +4,23 @@ A forked child must not start threads, so it cannot overlap its checksums with
 the disk's work the way carina.io does for the other writers. It can fork
 again: the child is single-threaded, so its own fork is safe. :func:`forked_write`
 forks a grandchild that writes the file (:func:`carina.ckpt.commit.write_file_direct`:
-``O_DIRECT`` from the arena with :func:`queued_direct`, one fsync) and ``_exit``\\ s, and returns at once; the
+``O_DIRECT`` from the arena, one fsync) and ``_exit``\\ s, and returns at once; the
 child computes the checksums while the grandchild writes (``run_job`` calls the
 writer before the checksums and its ``finish`` after them), and ``finish`` waits
 for the grandchild, re-raising its error (an ``OSError`` keeps its errno, so a
 full disk is still :class:`~carina.core.errors.DeviceFull`). Both read the same
 shared arena pages; nothing is copied.
 
-The grandchild keeps :data:`DEPTH` writes of :data:`CHUNK` bytes in flight
-through an io_uring ring of its own (:class:`carina.io.backends._ring.Ring`: raw
-system calls, no thread, so it is safe in a fork), like the carina.io engine the
-other writers use; where the kernel refuses io_uring it writes them one at a time.
+The grandchild writes one :data:`carina.ckpt.commit.CHUNK` (64 MiB) at a time
+(:func:`carina.ckpt.commit.serial_direct`); the block layer splits each into many
+requests in flight at the device. :func:`queued_direct` keeps :data:`DEPTH` writes
+of :data:`CHUNK` bytes in flight through an io_uring ring of the grandchild's own
+(:class:`carina.io.backends._ring.Ring`: raw system calls, no thread of its own)
+instead; it was the default in session 8 and was not faster than the one-at-a-time
+writes in that session's H200 run (``ckpt_fork_write_h200_s8``: two saves each), and
+on the CPU machine's ext4 the kernel handed its writes to io-wq worker threads
+(``ckpt_fork_write_cpu_s8``), so it is kept for the benchmark only
+(``forked_write(..., aligned=queued_direct)``; docs/ckpt.md).
 
 If the child dies, the grandchild finishes its file in the attempt's temporary
 directory and exits; that directory is debris, which restore ignores and the
@@ -43,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHUNK", "DEPTH", "ForkWriter", "forked_write", "prepare", "queued_direct"]
 
-#: Bytes per direct write of the grandchild, and how many it keeps in flight.
+#: :func:`queued_direct`'s bytes per direct write and how many it keeps in flight (by default).
 CHUNK, DEPTH = 16 << 20, 8
 
 
@@ -58,25 +64,30 @@ def prepare() -> bool:
     return True
 
 
-def queued_direct(fd: int, data: memoryview, addr: int, head: int) -> int:
-    """The grandchild's :data:`~carina.ckpt.commit.AlignedWriter`: up to :data:`DEPTH` writes in flight.
+def queued_direct(
+    fd: int, data: memoryview, addr: int, head: int, *, depth: int | None = None, chunk: int | None = None
+) -> int:
+    """An :data:`~carina.ckpt.commit.AlignedWriter` with up to ``depth`` writes of ``chunk`` bytes in flight.
 
-    Falls back to :func:`carina.ckpt.commit.serial_direct` where io_uring is refused.
+    ``depth`` and ``chunk`` default to :data:`DEPTH` and :data:`CHUNK`. The ring module must have been
+    imported before the fork (:func:`prepare`). Falls back to :func:`carina.ckpt.commit.serial_direct`
+    where io_uring is refused.
 
     Raises:
         OSError: A write failed (its errno: ENOSPC for a full disk) or came back short.
     """
     from carina.io.backends._ring import OP_WRITE, Ring
 
+    depth, chunk = depth or DEPTH, chunk or CHUNK
     try:
-        ring = Ring(DEPTH)
+        ring = Ring(depth)
     except OSError:
         return commit.serial_direct(fd, data, addr, head)
     try:
         sent, inflight = 0, dict[int, int]()
         while sent < head or inflight:
-            while sent < head and len(inflight) < DEPTH:
-                n = min(CHUNK, head - sent)
+            while sent < head and len(inflight) < depth:
+                n = min(chunk, head - sent)
                 ring.prepare(OP_WRITE, fd, sent, addr + sent, n, sent)
                 inflight[sent] = n
                 sent += n
@@ -93,10 +104,13 @@ def queued_direct(fd: int, data: memoryview, addr: int, head: int) -> int:
     return head
 
 
-def forked_write(path: str, data: memoryview, aligned: commit.AlignedWriter = queued_direct) -> Callable[[], None]:
+def forked_write(
+    path: str, data: memoryview, aligned: commit.AlignedWriter = commit.serial_direct
+) -> Callable[[], None]:
     """Start writing ``data`` to ``path`` in a grandchild; the returned function waits and raises its error.
 
-    ``aligned`` writes the direct part (:func:`queued_direct`; ``commit.serial_direct``: one write at a time).
+    ``aligned`` writes the direct part (``commit.serial_direct``: one 64 MiB write at a time;
+    :func:`queued_direct`: several in flight through io_uring).
     """
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -138,7 +152,6 @@ class ForkWriter(Writer):
         super().__init__(nice)
         self._pending: deque[tuple[CommitJob, Snapshot]] = deque()
         self._child: tuple[int, int, int, CommitJob] | None = None  # pid, pipe fd, arena, job
-        self.queued = prepare()  # io_uring for the grandchild's writes (imported here, not in a fork)
 
     def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         self._pending.append((job, snap))

@@ -27,6 +27,7 @@ _TORCH_NAMES = {
     "float16": "F16", "bfloat16": "BF16", "int16": "I16", "uint16": "U16",
     "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
 }  # fmt: skip
+_SHORT_NAMES = {v: k for k, v in _TORCH_NAMES.items()}
 
 
 def dtype_name(dtype: Any) -> str:
@@ -45,8 +46,7 @@ def torch_dtype(name: str) -> Any:
     """The torch dtype of a safetensors dtype name."""
     import torch
 
-    short = {v: k for k, v in _TORCH_NAMES.items()}[name]
-    return getattr(torch, short)
+    return getattr(torch, _SHORT_NAMES[name])
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,14 @@ class OverheadEstimate:
             after the save was durable cost nothing, which ``after_pct`` checks).
         in_flight_ci_pct: Its Student-t interval.
         after_pct: Mean excess of the steps after the save was durable (0 if saves leave no trace).
+        blocking_pct: Mean blocking time per K-step interval (the part of ``in_flight_pct`` outside the steps).
+        in_flight_step_pct: Mean over blocks of how much slower than the base an in-flight step ran, in
+            percent of a step (blocks with no in-flight step left out): the writer's interference per step.
+        after_step_pct: The same for the steps after the save was durable: what an in-flight step should
+            be compared with, since both are measured against the same clean neighbours.
+        flight_minus_after_step_pct: Mean over blocks with both kinds of steps of the in-flight step's
+            excess minus the after-durable step's (what the running save adds to a step beyond the block's
+            own level), with its Student-t interval in ``flight_minus_after_ci_pct`` ((0, 0) below 2 blocks).
         interval: K.
         base_step_s: Mean clean step over all clean blocks.
     """
@@ -102,6 +110,11 @@ class OverheadEstimate:
     in_flight_pct: float
     after_pct: float
     in_flight_ci_pct: tuple[float, float] = (0.0, 0.0)
+    blocking_pct: float = 0.0
+    in_flight_step_pct: float = 0.0
+    after_step_pct: float = 0.0
+    flight_minus_after_step_pct: float = 0.0
+    flight_minus_after_ci_pct: tuple[float, float] = (0.0, 0.0)
     interval: int
     base_step_s: float
 
@@ -168,15 +181,29 @@ def paired_overhead(
                           f"{len(clean)}", key="clean")  # fmt: skip
     if interval < 1:
         raise ConfigError("interval must be >= 1 step", key="interval")
-    per, flight, after = [], [], []
+    per, flight, after, blocking = [], [], [], []
+    per_step: tuple[list[float], list[float]] = ([], [])
+    diffs = []
     for i, blk in enumerate(ckpt):
         base = _base(clean[i], clean[i + 1])
         per.append(_excess_pct(blk.total_s, len(blk.steps_s), base, interval))
         head, tail = blk.steps_s[: blk.in_flight], blk.steps_s[blk.in_flight :]
         flight.append(_excess_pct(blk.blocking_s + math.fsum(head), len(head), base, interval))
         after.append(_excess_pct(math.fsum(tail), len(tail), base, interval))
+        blocking.append(100 * blk.blocking_s / (interval * base))
+        for steps, out in zip((head, tail), per_step, strict=True):
+            if steps:
+                out.append(_excess_pct(math.fsum(steps), len(steps), base, len(steps)))
+        if head and tail:
+            diffs.append(per_step[0][-1] - per_step[1][-1])
     est = _estimate(per, clean, interval, resamples, seed, statistics.fmean(flight), statistics.fmean(after))
     est.in_flight_ci_pct = _interval(flight, 0, seed)[0]
+    est.blocking_pct = statistics.fmean(blocking)
+    est.in_flight_step_pct, est.after_step_pct = (statistics.fmean(v) if v else 0.0 for v in per_step)
+    if diffs:
+        est.flight_minus_after_step_pct = statistics.fmean(diffs)
+    if len(diffs) >= 2:
+        est.flight_minus_after_ci_pct = _interval(diffs, 0, seed)[0]
     return est
 
 

@@ -15,13 +15,14 @@ import tempfile
 import time
 from typing import Any
 
-__all__ = ["quick_bench"]
+__all__ = ["quick_bench", "timed_save", "torch_save_fsync"]
 
 #: Untimed saves per carina writer: a checkpointer allocates (maps, pins) one arena in each of its first two.
 _WARMUP = 2
 
 
-def _torch_save(root: str, state: dict[str, Any], step: int) -> float:
+def torch_save_fsync(root: str, state: dict[str, Any], step: int) -> float:
+    """Seconds ``torch.save`` takes to write ``state`` to ``root/<step>.pt`` with fsync (then renamed)."""
     import torch
 
     t0 = time.perf_counter()
@@ -32,6 +33,19 @@ def _torch_save(root: str, state: dict[str, Any], step: int) -> float:
         os.fsync(fh.fileno())
     os.replace(tmp, os.path.join(root, f"{step}.pt"))
     return time.perf_counter() - t0
+
+
+def timed_save(ckpt: Any, step: int, state: dict[str, Any]) -> tuple[float, float, float]:
+    """Save ``state`` as ``step`` and wait: seconds ``save()`` blocked, until durable, until done.
+
+    Durable is when ``latest`` named the save (the writer's marker); done adds retention.
+    """
+    t0 = time.monotonic()
+    ckpt.save(step, state)
+    t1 = time.monotonic()
+    ckpt.wait()
+    done = time.monotonic() - t0
+    return t1 - t0, (ckpt.durable_at(step) or t0 + done) - t0, done
 
 
 def quick_bench(
@@ -55,23 +69,21 @@ def quick_bench(
     try:
         for name in writers:
             sub = os.path.join(root, name)
-            blocked, durable, done = [], [], []
+            blocked: list[float] = []
+            durable: list[float] = []
+            done: list[float] = []
             cfg = CheckpointConfig(dir=sub, writer=choice(WriterKind, name, key="writers"), keep_last=1)
             with Checkpointer(cfg) as ckpt:
                 for step in range(reps + _WARMUP):  # the first two saves allocate the two arenas: left out
-                    t0 = time.monotonic()
-                    ckpt.save(step, state)
-                    t1 = time.monotonic()
-                    ckpt.wait()
+                    saved = timed_save(ckpt, step, state)
                     if step >= _WARMUP:
-                        blocked.append(t1 - t0)
-                        done.append(time.monotonic() - t0)
-                        durable.append((ckpt.durable_at(step) or t0 + done[-1]) - t0)
+                        for out, t in zip((blocked, durable, done), saved, strict=True):
+                            out.append(t)
             rows.append({"method": f"carina-{name}", "blocking_s": statistics.median(blocked),
                          "durable_s": statistics.median(durable), "done_s": statistics.median(done)})  # fmt: skip
         if torch_save:
             os.makedirs(os.path.join(root, "torch"))
-            times = [_torch_save(os.path.join(root, "torch"), state, i) for i in range(reps)]
+            times = [torch_save_fsync(os.path.join(root, "torch"), state, i) for i in range(reps)]
             took = statistics.median(times)
             rows.append({"method": "torch.save", "blocking_s": took, "durable_s": took, "done_s": took})
     finally:
