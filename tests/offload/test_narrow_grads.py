@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from offload_fixtures import tiny_llama, train_losses
+from offload_fixtures import tiny_llama, token_batches, train_losses
 
 import carina.offload as co
 import carina.offload.flatstep as flatstep
@@ -104,3 +104,37 @@ def test_narrow_gradients_take_less_device_memory_in_backward():
     narrow, _ = simulate(plan, _prof(narrow_grads=True), HW, 1)
     bwd = [e.device_bytes for e in wide if e.kind == "bwd"], [e.device_bytes for e in narrow if e.kind == "bwd"]
     assert bwd[0][0] - bwd[1][0] == 2 * N  # its float32 copy draining, now bf16 (no group above it here)
+
+
+def _two_backwards(narrow: bool):
+    """Two backward passes before each step with grad_accumulation 1: the second adds on the host."""
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    cfg = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000, overlap="step")
+    model, opt = co.wrap(model, cfg, optimizer=opt)
+    opt.narrow_grads = narrow
+    for k, ids in enumerate(token_batches(8)):
+        model(input_ids=ids, labels=ids).loss.backward()
+        if k % 2:
+            opt.step()
+            opt.zero_grad()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_a_gradient_added_to_a_narrow_one_widens_it_first(monkeypatch):
+    monkeypatch.setattr(flatstep, "UPCAST_CHUNK", 1000)
+    wide, narrow = _two_backwards(False), _two_backwards(True)
+    for name in wide:
+        assert torch.equal(wide[name], narrow[name]), name
+
+
+def test_widen_grad_restores_the_float32_gradient_in_place():
+    from carina.offload.blocks import ParamGroup
+
+    n = 2500
+    grad = torch.randn(n)
+    g = ParamGroup(0, "g", None, [], [], torch.zeros(n), grad.clone(), None, None, torch.empty(n, dtype=torch.bfloat16))
+    g.narrow_grad.copy_(grad.bfloat16())
+    g.narrow = True
+    g.widen_grad(1000)  # chunks of 1000, the last one 500
+    assert torch.equal(g.grad, grad.bfloat16().float()) and not g.narrow

@@ -133,6 +133,23 @@ class ParamGroup:
         """
         return self.grad.view(self.device.dtype)[: self.numel]
 
+    def widen_grad(self, chunk: int) -> None:
+        """Make a compute-dtype gradient (:attr:`narrow`) the float32 gradient again, in place.
+
+        For a path that reads the float32 gradient after all (a micro-batch added to it, an update
+        that is not one flat call). Chunks go last first through a float32 buffer: each float32 chunk
+        only overwrites compute-dtype elements at or above its own start, already read.
+        """
+        if not self.narrow:
+            return
+        n, src = self.numel, self.narrow_grad
+        buf = torch.empty(min(n, chunk), dtype=torch.float32)
+        for start in reversed(range(0, n, chunk)):
+            stop = min(n, start + chunk)
+            buf[: stop - start].copy_(src[start:stop])
+            self.grad[start:stop].copy_(buf[: stop - start])
+        self.narrow = False
+
     @property
     def device_bytes(self) -> int:
         """Bytes of the device buffer when resident."""

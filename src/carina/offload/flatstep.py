@@ -124,6 +124,7 @@ class FlatStep:
         if self.group.narrow and self.ready:
             self._step_chunks(self.group.narrow_grad)
             return
+        self.group.widen_grad(UPCAST_CHUNK)  # (narrow but no flat state to step in chunks: float32 again)
         first = not self.opt.state.get(self.param)
         self.param.grad = self.group.grad
         try:

@@ -28,6 +28,7 @@ import torch
 from carina.memory.tiers import Tier
 from carina.offload.blocks import ParamGroup
 from carina.offload.config import OverlapMode
+from carina.offload.flatstep import UPCAST_CHUNK
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -85,6 +86,8 @@ class GradientPath:
             if g.pending:
                 with self.phase("optim_wait"):
                     self.wait_updates(g)  # the staging buffer (and the host gradient) are free again
+            if g.has_grad:  # this micro-batch adds to a gradient on the host: it must be float32
+                g.widen_grad(UPCAST_CHUNK)
             self.mover.wait_on_compute(g.acc_event)  # the accumulator's last shipment has left
             g.acc_event = None
             g.events = []

@@ -23,7 +23,7 @@ from carina.core.errors import ConfigError
 from carina.memory.tiers import Tier
 from carina.offload.blocks import ParamGroup
 from carina.offload.config import CpuOptimizerImpl, OffloadConfig
-from carina.offload.flatstep import FlatStep
+from carina.offload.flatstep import UPCAST_CHUNK, FlatStep
 from carina.offload.lending import StateLending
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
@@ -148,6 +148,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         if flat is not None:
             flat.step(options)
         else:
+            g.widen_grad(UPCAST_CHUNK)  # (a block whose state went to NVMe since its gradient came narrow)
             self._attach_grads(g)
             try:
                 self.inner.step()
