@@ -363,13 +363,8 @@ def _greedy(
 
 
 def _lifetimes(prof: ModelProfile) -> list[float]:
-    """Seconds each block's kept activations are live: from its forward's end to its backward's start.
-
-    The blocks above it run forward and backward in between, and the head: the last block's are live
-    for the head alone, the first's for nearly the whole step.
-    """
-    per_pass = 1 + prof.bwd_over_fwd
-    after, out = prof.other_fwd_s * per_pass, []
+    """Seconds each block's kept activations live: the passes of the head and the blocks above it."""
+    per_pass, after, out = 1 + prof.bwd_over_fwd, prof.other_fwd_s * (1 + prof.bwd_over_fwd), []
     for b in reversed(prof.blocks):
         out.append(after)
         after += b.fwd_s * per_pass
@@ -377,23 +372,17 @@ def _lifetimes(prof: ModelProfile) -> list[float]:
 
 
 def _improve_activations(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
-    """Greedy: keep the activations that save most recompute time per byte-second of device memory, then swap.
+    """Greedy: keep where recompute time saved per byte-second held is largest, then swap where it pays.
 
-    A kept block holds its bytes from its forward to its backward (:func:`_lifetimes`): among blocks
-    alike, the last ones hold them for the shortest time, so keeping them leaves the device memory of
-    the rest of the step to resident weights and to swaps in flight (a 7B-shape block at 32k tokens
-    keeps 6.1 GB; keeping the first two instead of the last two cost the S2 32k plan its swap and 12
-    resident blocks). Swaps are tried in the order of recompute time per byte.
+    Among alike blocks the last ones hold kept bytes the shortest (:func:`_lifetimes`), leaving the
+    memory of the rest of the step to resident weights and swaps in flight (the S2 32k plan kept its
+    first two blocks, 6.1 GB each, and had room for neither). Swaps go by recompute time per byte.
     """
-    prof = problem.prof
-    life = _lifetimes(prof)
-
-    def per_byte(i: int) -> float:
-        return prof.blocks[i].fwd_s / max(1, prof.blocks[i].act_bytes)
-
+    prof, life = problem.prof, _lifetimes(problem.prof)
+    per_byte = [b.fwd_s / max(1, b.act_bytes) for b in prof.blocks]
     orders = {
-        Action.KEEP: sorted(range(len(blocks)), key=lambda i: -per_byte(i) / max(life[i], 1e-9)),
-        Action.SWAP: sorted(range(len(blocks)), key=lambda i: -per_byte(i)),
+        Action.KEEP: sorted(range(len(blocks)), key=lambda i: -per_byte[i] / max(life[i], 1e-9)),
+        Action.SWAP: sorted(range(len(blocks)), key=lambda i: -per_byte[i]),
     }
     for action, order in orders.items():
         recomputed = [i for i in order if blocks[i].activation is Action.RECOMPUTE]
