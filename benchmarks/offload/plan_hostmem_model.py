@@ -13,6 +13,13 @@ compute rate that makes the estimate's compute equal the record plan's profiled 
 * the same with every block's activations recomputed (``--activations recompute``), the choice without
   swaps to set the planner's choice against.
 
+Where the record's run probed the host memory (``metrics.carina.hardware.host_mem``, session 8 on), two more
+rows at that bandwidth: gradients leaving the device as float32 (``--float32-grads``) and in the compute dtype
+(``--narrow-grads``, the library's default with one micro-batch and no clipping)::
+
+    python benchmarks/offload/plan_hostmem_model.py --name offload_plan_s8_narrowgrads_7b16l_8k \
+        --record benchmarks/results/h200/s8/offload_s2_7b16l_8k.json
+
 With ``--head-chunk-tokens N`` (repeatable) one more row each: host memory modeled and the head and loss
 chunked into N tokens (:func:`carina.offload.chunked_lm_loss`, ``carina offload plan --head-chunk-tokens``):
 what the plan becomes when the logits no longer take the device budget. Each row's ``ideal_over_step`` is
@@ -43,6 +50,8 @@ from pathlib import Path
 from carina.core.bench import Basis, Figure, make_record, write_record
 
 ADAMW_BYTES = 28  # master, gradient, m, v read; master, m, v written (float32)
+#: Where the record's run probed the host memory's bandwidth: a row at it for each way gradients leave the device.
+GRADS = (("float32", "--float32-grads"), ("compute-dtype", "--narrow-grads"))
 
 
 def plan(base: list[str], *extra: str) -> dict:
@@ -93,8 +102,11 @@ def model_record(path: str, layers: int, chunks: list[int]) -> tuple[dict, list[
     base = base_args(record, layers)
     tag = f"{run['tokens'] // 1024}k"
     rows, figures, commands = [], [], []
+    probed = run["hardware"].get("host_mem", 0.0)  # the run's own host-memory probe (session 8 on)
+    at_probe = [f"--host-mem-gbps={probed / 1e9:.4g}"] if probed else []
     variants = (
         ("host memory not modeled", ["--host-mem-gbps", "-1"]),
+        *((f"host memory probed, {g} gradients", [*at_probe, flag]) for g, flag in GRADS if at_probe),
         ("host memory modeled", ["--host-mem-gbps", "0"]),
         ("host memory modeled, every block recomputed", ["--host-mem-gbps", "0", "--activations", "recompute"]),
         *((f"host memory modeled, head chunked {c}", ["--host-mem-gbps", "0", "--head-chunk-tokens", str(c)])
@@ -112,7 +124,7 @@ def model_record(path: str, layers: int, chunks: list[int]) -> tuple[dict, list[
         r["ideal_over_step"] = round(record["metrics"]["ideal_step_s"] / r["step_s"], 3)
     moved = run["moved_per_step"]
     implied = ADAMW_BYTES * run["step_split"]["optim_params"] + moved["host->device"] + moved["device->host"]
-    bandwidth = rows[1]["host_bandwidth_GBps"] * 1e9
+    bandwidth = probed or rows[1]["host_bandwidth_GBps"] * 1e9
     measured = {
         "step_s": run["step_s"],
         "record_plan_step_s": run["plan"]["predicted_s"]["step"],
@@ -123,6 +135,7 @@ def model_record(path: str, layers: int, chunks: list[int]) -> tuple[dict, list[
         "moved_per_step": moved,
         "host_traffic_from_moves_GB": implied / 1e9,
         "host_traffic_from_moves_s": implied / bandwidth,
+        "host_bandwidth": bandwidth,
     }
     return {"record": path, "tokens": run["tokens"], "rows": rows, "measured": measured}, figures, commands
 
@@ -154,7 +167,7 @@ def main() -> None:
                       "model": "host memory alone: the record's measured moves + AdamW bytes at that bandwidth "
                       "(cpu_update_s: its step timer)",
                       "host_traffic_GB": round(got["host_traffic_from_moves_GB"], 2),
-                      "host_bandwidth_GBps": m["rows"][1]["host_bandwidth_GBps"],
+                      "host_bandwidth_GBps": round(m["measured"]["host_bandwidth"] / 1e9, 1),
                       "cpu_update_s": round(got["optim_update_s"], 4), "measured_step_s": round(got["step_s"], 4),
                       "step_over_measured": round(got["host_traffic_from_moves_s"] / got["step_s"], 3)})  # fmt: skip
     rec = make_record(

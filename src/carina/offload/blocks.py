@@ -102,6 +102,7 @@ class ParamGroup:
     acc_count: int = 0  # micro-batches summed in ``acc`` and not shipped yet
     acc_event: Any = None  # the copy shipping ``acc`` to the host (``acc`` is reused after it)
     direct: bool = False  # this backward's gradients go to the host gradient as float32 (folded on the device)
+    narrow: bool = False  # ... or, where the update can take them so, in the compute dtype (see narrow_grad)
     grad_mode: str = "host"  # this backward: "host" (staging), "acc" (add on device) or "ship" (add, send sum)
     act_bytes: int = 0
     swap_host_bytes: int = 0  # pinned host bytes its swapped activations took while profiling (0: not pinned)
@@ -121,6 +122,33 @@ class ParamGroup:
         """Cast the master into the host copy (nothing when there is none or it is the master)."""
         if self.host_copy is not None and self.host_copy is not self.master:
             self.host_copy.copy_(self.master)
+
+    @property
+    def narrow_grad(self) -> torch.Tensor:
+        """The gradient in the compute dtype, in the first bytes of the float32 host gradient.
+
+        A single micro-batch's gradient arrives here when it leaves the device in the dtype it was
+        computed in (:attr:`narrow`); the update upcasts it (exactly) as it reads it. No more host RAM:
+        the float32 buffer holds it, and its float32 contents are not read meanwhile.
+        """
+        return self.grad.view(self.device.dtype)[: self.numel]
+
+    def widen_grad(self, chunk: int) -> None:
+        """Make a compute-dtype gradient (:attr:`narrow`) the float32 gradient again, in place.
+
+        For a path that reads the float32 gradient after all (a micro-batch added to it, an update
+        that is not one flat call). Chunks go last first through a float32 buffer: each float32 chunk
+        only overwrites compute-dtype elements at or above its own start, already read.
+        """
+        if not self.narrow:
+            return
+        n, src = self.numel, self.narrow_grad
+        buf = torch.empty(min(n, chunk), dtype=torch.float32)
+        for start in reversed(range(0, n, chunk)):
+            stop = min(n, start + chunk)
+            buf[: stop - start].copy_(src[start:stop])
+            self.grad[start:stop].copy_(buf[: stop - start])
+        self.narrow = False
 
     @property
     def device_bytes(self) -> int:

@@ -53,6 +53,14 @@ def plan(
             help="Fold and cast on the CPU (grad_fold, param_cast host) or on the device (the library default).",
         ),
     ] = False,
+    narrow_grads: Annotated[
+        bool,
+        typer.Option(
+            "--narrow-grads/--float32-grads",
+            help="With one micro-batch, gradients leave the device in the compute dtype and the update upcasts "
+            "them (the library default without clipping), or as float32.",
+        ),
+    ] = True,
     step_barrier: Annotated[
         bool,
         typer.Option(
@@ -107,7 +115,8 @@ def plan(
             est = ShapeEstimate(tokens, seq_len, tflops, dtype_bytes, head_chunk_tokens)
             prof = replace(estimate_profile(cfg, est),
                            micro_batches=micro_batches, staging_bytes_per_param=dtype_bytes if staged else 0,
-                           fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host)  # fmt: skip
+                           fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host,
+                           narrow_grads=narrow_grads)  # fmt: skip
             return make_plan(prof, budgets, hw, policy=activations, prefetch_depth=prefetch_depth,
                              cast="host" if convert_on_host else "auto", carry=not step_barrier,
                              resident=resident)  # fmt: skip

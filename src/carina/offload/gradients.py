@@ -3,7 +3,10 @@
 Each parameter's post-accumulate-grad hook copies its gradient to the host (or adds it
 to the block's device accumulator, planned for gradient accumulation) and drops it from the
 device. By default (``grad_fold``) the gradient is converted to float32 on the device and
-copied straight into the block's float32 host gradient, so the CPU does no fold pass; with
+copied straight into the block's float32 host gradient, so the CPU does no fold pass; where one
+micro-batch makes the step's gradient and the block's update is one flat fused call with nothing
+between (no clipping), it goes in the compute dtype instead (half the bytes over PCIe and through
+host memory) and the update upcasts it chunk by chunk (exact, so the same bits); with
 ``grad_fold="host"``, or when a micro-batch is added to gradients already on the host, it
 lands in host staging in the compute dtype and the CPU worker folds it in. When a block's
 last gradient is in and the update is exact (last micro-batch, no clipping), the CPU worker
@@ -25,8 +28,11 @@ import torch
 from carina.memory.tiers import Tier
 from carina.offload.blocks import ParamGroup
 from carina.offload.config import OverlapMode
+from carina.offload.flatstep import UPCAST_CHUNK
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from carina.memory.store import TensorStore
     from carina.offload.activations import ActivationManager
     from carina.offload.blocks import HostBuffers
@@ -56,6 +62,7 @@ class GradientPath:
         micro: int
         step_group: Any
         snapshot: Any
+        narrow_ok: Callable[[ParamGroup], bool]  # the optimizer's: can g's update read a compute-dtype gradient
 
         def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
             """The runtime's step-timer phase."""
@@ -79,14 +86,20 @@ class GradientPath:
             if g.pending:
                 with self.phase("optim_wait"):
                     self.wait_updates(g)  # the staging buffer (and the host gradient) are free again
+            if g.has_grad:  # this micro-batch adds to a gradient on the host: it must be float32
+                g.widen_grad(UPCAST_CHUNK)
             self.mover.wait_on_compute(g.acc_event)  # the accumulator's last shipment has left
             g.acc_event = None
             g.events = []
             g.direct = g.grad_mode == "host" and self.fold_on_device and not g.has_grad
+            g.narrow = g.direct and self.narrow_ok(g)  # the update reads the compute dtype itself
             if g.grad_mode == "host" and not g.direct:
                 self.host.add_staging(g)  # made at wrap where planned; late only for unplanned micro-batches
         flat = grad.reshape(-1)
-        if g.direct:  # folded on the device: float32 straight into the host gradient, no CPU pass
+        if g.narrow:  # as computed (an exact upcast in the update follows): half the bytes of float32
+            g.events.append(self.mover.to_host(g.narrow_grad[g.slot(i)], flat))
+            self.store.note_move(Tier.DEVICE, Tier.HOST, flat.numel() * flat.element_size())
+        elif g.direct:  # folded on the device: float32 straight into the host gradient, no CPU pass
             wide = flat.float()
             g.events.append(self.mover.to_host(g.grad[g.slot(i)], wide))
             self.store.note_move(Tier.DEVICE, Tier.HOST, wide.numel() * wide.element_size())

@@ -362,11 +362,29 @@ def _greedy(
     return blocks
 
 
+def _lifetimes(prof: ModelProfile) -> list[float]:
+    """Seconds each block's kept activations live: the passes of the head and the blocks above it."""
+    per_pass, after, out = 1 + prof.bwd_over_fwd, prof.other_fwd_s * (1 + prof.bwd_over_fwd), []
+    for b in reversed(prof.blocks):
+        out.append(after)
+        after += b.fwd_s * per_pass
+    return out[::-1]
+
+
 def _improve_activations(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
-    """Greedy: keep the activations with most recompute time per byte, then swap where it pays."""
-    prof = problem.prof
-    order = sorted(range(len(blocks)), key=lambda i: -prof.blocks[i].fwd_s / max(1, prof.blocks[i].act_bytes))
-    for action in (Action.KEEP, Action.SWAP):
+    """Greedy: keep where recompute time saved per byte-second held is largest, then swap where it pays.
+
+    Among alike blocks the last ones hold kept bytes the shortest (:func:`_lifetimes`), leaving the
+    memory of the rest of the step to resident weights and swaps in flight (the S2 32k plan kept its
+    first two blocks, 6.1 GB each, and had room for neither). Swaps go by recompute time per byte.
+    """
+    prof, life = problem.prof, _lifetimes(problem.prof)
+    per_byte = [b.fwd_s / max(1, b.act_bytes) for b in prof.blocks]
+    orders = {
+        Action.KEEP: sorted(range(len(blocks)), key=lambda i: -per_byte[i] / max(life[i], 1e-9)),
+        Action.SWAP: sorted(range(len(blocks)), key=lambda i: -per_byte[i]),
+    }
+    for action, order in orders.items():
         recomputed = [i for i in order if blocks[i].activation is Action.RECOMPUTE]
         blocks = _greedy(problem, blocks, recomputed, activation=action)
     return blocks

@@ -39,6 +39,7 @@ def model_profile(
     steps: int = 1,
     micro_batches: int = 1,
     fold_on_device: bool = False,
+    narrow_grads: bool = False,
     staging: bool = True,
     rest_cast_on_device: bool = False,
 ) -> ModelProfile:
@@ -55,6 +56,8 @@ def model_profile(
         steps: Forward passes the times were summed over.
         micro_batches: Backward passes per optimizer step (gradient accumulation).
         fold_on_device: Gradients reach the host gradient as float32 (the device folds them).
+        narrow_grads: With one micro-batch, gradients reach the host in the compute dtype instead and
+            the update upcasts them (:class:`~carina.offload.stepmodel.ModelProfile`).
         staging: The groups keep host gradient staging.
         rest_cast_on_device: The parameters outside blocks are cast on the device.
     """
@@ -76,6 +79,7 @@ def model_profile(
         copy_bytes_per_param=copy,
         staging_bytes_per_param=item if staging else 0,
         fold_on_device=fold_on_device,
+        narrow_grads=narrow_grads,
         rest_cast_on_device=rest_cast_on_device,
         head_workspace_bytes=max(0, head_workspace_bytes),
         micro_batches=micro_batches,

@@ -111,6 +111,7 @@ class OffloadRuntime(GradientPath):
         self._fwd_wait = 0.0  # this forward's time making blocks' weights resident (not compute)
         self.step_group: Any = None  # set by the optimizer: fn(group, options) updating masters in place
         self.snapshot: Any = None  # set by the optimizer: fn(group) -> hyperparameters for a later update
+        self.narrow_ok: Any = lambda g: False  # set by the optimizer: fn(group) -> its update reads bf16 gradients
         self.write_guards: list[Any] = []  # fn(tensors): called before masters/optimizer state change in place
         self.lend_views = False  # model.state_dict() gives the masters themselves, not copies (a lender's save)
         self._handles: list[Any] = []

@@ -23,7 +23,7 @@ from carina.core.errors import ConfigError
 from carina.memory.tiers import Tier
 from carina.offload.blocks import ParamGroup
 from carina.offload.config import CpuOptimizerImpl, OffloadConfig
-from carina.offload.flatstep import FlatStep
+from carina.offload.flatstep import UPCAST_CHUNK, FlatStep
 from carina.offload.lending import StateLending
 from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
@@ -100,8 +100,10 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self._spill_buf: torch.Tensor | None = None  # the state of the spilled block being updated
         self.flat_updates = True  # fused optimizers step each block as one flat tensor (FlatStep)
         self._flat: dict[int, FlatStep | None] = {}
+        self.narrow_grads = True  # one micro-batch, no clipping: flat updates read the compute-dtype gradient
         runtime.step_group = self.step_group
         runtime.snapshot = self.snapshot
+        runtime.narrow_ok = self.narrow_ok
 
     def _share(self) -> None:
         self.param_groups = self.inner.param_groups
@@ -121,6 +123,17 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         flat = self._flat_step(g)
         return flat.hyperparameters() if flat is not None else None
 
+    def narrows(self) -> bool:
+        """Whether gradients may cross in the compute dtype: one micro-batch, no clipping, flat updates."""
+        cfg = self.cfg
+        plain = cfg.grad_accumulation == 1 and cfg.max_grad_norm is None and self.flat_updates and self.narrow_grads
+        return plain and self.rt.rest.device.dtype != torch.float32
+
+    def narrow_ok(self, g: ParamGroup) -> bool:
+        """Whether ``g``'s next update reads a compute-dtype gradient (:meth:`FlatStep.step`, with its state)."""
+        flat = self._flat_step(g) if self.narrows() else None
+        return flat is not None and flat.ready
+
     def step_group(self, g: ParamGroup, options: dict[str, Any] | None = None) -> None:
         """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time).
 
@@ -135,6 +148,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         if flat is not None:
             flat.step(options)
         else:
+            g.widen_grad(UPCAST_CHUNK)  # (a block whose state went to NVMe since its gradient came narrow)
             self._attach_grads(g)
             try:
                 self.inner.step()
@@ -312,6 +326,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
             steps=count,
             micro_batches=self.cfg.grad_accumulation if self.cfg.accumulate_on_device else 1,
             fold_on_device=rt.fold_on_device,
+            narrow_grads=rt.fold_on_device and self.narrows() and self._flat_step(rt.rest) is not None,
             staging=any(g.staging is not None for g in rt.groups),
             rest_cast_on_device=rt.rest.host_copy is None,
         )

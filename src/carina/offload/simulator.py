@@ -6,7 +6,8 @@ head and backward events; one link each way carries parameter prefetches,
 swapped activations and gradients; a CPU optimizer worker updates each block
 once its gradients have arrived (during backward when ``overlap``). The worker's
 time is every pass it makes over host memory: folding staged gradients into the
-float32 gradient (unless the device folds them), adding micro-batches, the
+float32 gradient (unless the device folds them, or with one micro-batch sends them in the compute
+dtype for the update to upcast: ``ModelProfile.narrow_grads``), adding micro-batches, the
 update, and the cast into the compute-dtype host copy (unless the device casts);
 each at its measured rate, reported apart in :class:`StepTime`. Host memory is a resource
 too: every byte the worker's passes read or write and every pinned DMA byte share its
@@ -84,11 +85,11 @@ def _item(param_bytes: int, numel: int) -> int:
     return max(1, param_bytes // max(1, numel))
 
 
-def _grads_live(prof: ModelProfile, i: int, accumulated: bool) -> int:
+def _grads_live(prof: ModelProfile, i: int, accumulated: bool, on_nvme: bool = False) -> int:
     nxt = prof.blocks[i + 1].param_bytes if i + 1 < len(prof.blocks) else prof.resident_param_bytes
     live = prof.blocks[i].param_bytes + nxt  # this block's grads + the previous one's, still draining
     item = _item(prof.blocks[i].param_bytes, prof.blocks[i].numel)
-    wide = prof.fold_on_device and not accumulated  # folded on the device: float32 copies drain
+    wide = prof.fold_on_device and not accumulated and not prof.narrow(on_nvme)  # float32 copies drain
     return live * 4 // item if wide else live
 
 
@@ -185,8 +186,9 @@ class _Timeline:
         """
         if on_device and not self.final:
             return  # added into the device accumulator on the compute stream
+        narrow = not on_device and self.prof.narrow(bool(extra))  # compute dtype in, upcast by the update
         direct = on_device or (self.first and self.prof.fold_on_device)  # float32 lands in the host gradient
-        ready = self.send_d2h(numel * 4 if direct else nbytes)
+        ready = self.send_d2h(numel * 4 if direct and not narrow else nbytes)
         fold = 0.0 if direct else numel / (self.hw.fold if self.first else self.hw.grad_add)
         self.cpu_terms["cpu_fold"] += fold
         if not direct:  # the staged gradient read, the float32 gradient written (and read, when adding)
@@ -194,7 +196,8 @@ class _Timeline:
         if self.final:
             update, cast_s = numel / self.hw.optim, numel / self.hw.cast if cast else 0.0
             item = _item(nbytes, numel)
-            self.traffic += numel * (self.prof.update_bytes_per_param + (4 + item if cast else 0))
+            read = self.prof.update_bytes_per_param - (4 - item if narrow else 0)  # its gradient read narrow
+            self.traffic += numel * (read + (4 + item if cast else 0))
             if extra:  # a spilled block's state is read from NVMe into RAM and written back
                 self.traffic += 2 * numel * self.prof.state_bytes_per_param
             self.cpu_terms["cpu_update"] += update
@@ -274,7 +277,7 @@ class _Timeline:
                 _params_live(prof, blocks, _window(i, n, self.depth, False))
                 + _acts_live(prof, blocks, i, False, self.lead)
                 + prof.other_act_bytes
-                + _grads_live(prof, i, blocks[i].grad_on_device)
+                + _grads_live(prof, i, blocks[i].grad_on_device, blocks[i].state_on_nvme)
             )
             staged = 0.0 if blocks[i].grad_on_device else self.staging_free[i] - dur  # the grad hook waits
             self.run("bwd", i, dur, live, max(act_ready, staged))

@@ -76,6 +76,9 @@ class ModelProfile:
     copy_bytes_per_param: int = 0  # the compute-dtype host copy of a group cast on the host (0 with float32)
     staging_bytes_per_param: int = 0  # host gradient staging in the compute dtype (0: none kept)
     fold_on_device: bool = False  # a micro-batch's gradients reach the host gradient as float32 (no CPU fold)
+    # with fold_on_device and one micro-batch: they reach it in the compute dtype instead, and the update
+    # (one flat fused call per group, state not on NVMe) upcasts them chunk by chunk in the CPU caches
+    narrow_grads: bool = False
     rest_cast_on_device: bool = False  # the parameters outside blocks are cast on the device
     bwd_over_fwd: float = 2.0
     head_workspace_bytes: int = 0
@@ -95,6 +98,10 @@ class ModelProfile:
         master and the state back.
         """
         return 4 + 4 + 4 + 2 * self.state_bytes_per_param
+
+    def narrow(self, on_nvme: bool = False) -> bool:
+        """Whether a group's gradients cross in the compute dtype (see ``narrow_grads``)."""
+        return self.narrow_grads and self.fold_on_device and self.micro_batches == 1 and not on_nvme
 
 
 @dataclass(frozen=True)
