@@ -14,14 +14,14 @@ STEPS = 6
 MiB = 1 << 20
 
 
-def _run(narrow: bool, steps: int = STEPS, **cfg_kwargs):
+def _run(narrow: bool, steps: int = STEPS, device: str = "cpu", **cfg_kwargs):
     model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    cfg = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000, activations="recompute",
+    cfg = co.Config(device=device, compute_dtype="bfloat16", device_budget=1_300_000, activations="recompute",
                     **cfg_kwargs)  # fmt: skip
     model, opt = co.wrap(model, cfg, optimizer=opt)
     opt.narrow_grads = narrow
-    losses = train_losses(model, opt, steps, clip=cfg.max_grad_norm)
+    losses = train_losses(model, opt, steps, clip=cfg.max_grad_norm, device=device)
     masters = {k: v.clone() for k, v in model.state_dict().items()}
     state = opt.state_dict()["state"]
     handle = co.handle_of(model)
@@ -138,3 +138,16 @@ def test_widen_grad_restores_the_float32_gradient_in_place():
     g.narrow = True
     g.widen_grad(1000)  # chunks of 1000, the last one 500
     assert torch.equal(g.grad, grad.bfloat16().float()) and not g.narrow
+
+
+def test_config_turns_compute_dtype_gradients_off():
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    cfg = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000, narrow_grads=False)
+    model, opt = co.wrap(model, cfg, optimizer=opt)
+    assert not opt.narrows()
+    model2 = tiny_llama()
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2, fused=True)
+    cfg2 = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000)
+    model2, opt2 = co.wrap(model2, cfg2, optimizer=opt2)
+    assert opt2.narrows()  # the default: on where it is exact

@@ -155,6 +155,11 @@ class OffloadConfig(Config):
             gradient, so the CPU does no fold pass and no host staging is kept (unless
             micro-batches are added on the host); the copy carries 4 bytes per parameter instead
             of the compute dtype's.
+        narrow_grads: With one micro-batch, no clipping and a compute dtype narrower than float32,
+            send a block updated by one flat fused call its gradient in the compute dtype (2 bytes
+            per parameter with bf16, not 4) and upcast it inside the update, chunk by chunk: the
+            same bits as the float32 path, with fewer bytes over the link and through host memory.
+            True by default (proven bitwise on the CPU; its CUDA test has not yet run on a GPU).
         param_cast: Where updated float32 masters become the compute dtype (:class:`ConvertOn`).
             ``host``: the CPU worker casts each updated block into a compute-dtype host copy
             that feeds the device (2 bytes per parameter of host RAM with bf16). ``device``:
@@ -210,6 +215,7 @@ class OffloadConfig(Config):
     step_barrier: bool = False
     grad_fold: ConvertOn = ConvertOn.AUTO
     param_cast: ConvertOn = ConvertOn.AUTO
+    narrow_grads: bool = True
     resident: ResidentMode = ResidentMode.AUTO
     micro_batch_tokens: int = 0
     head_chunk_tokens: int = 0

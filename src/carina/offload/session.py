@@ -100,7 +100,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self._spill_buf: torch.Tensor | None = None  # the state of the spilled block being updated
         self.flat_updates = True  # fused optimizers step each block as one flat tensor (FlatStep)
         self._flat: dict[int, FlatStep | None] = {}
-        self.narrow_grads = True  # one micro-batch, no clipping: flat updates read the compute-dtype gradient
+        self.narrow_grads = self.cfg.narrow_grads  # one micro-batch, no clipping: flat updates read the narrow gradient
         runtime.step_group = self.step_group
         runtime.snapshot = self.snapshot
         runtime.narrow_ok = self.narrow_ok
