@@ -104,8 +104,12 @@ def _budgets(cfg: OffloadConfig, device: torch.device) -> PlanBudgets:
     return PlanBudgets(device=dev, host=cfg.host_budget, nvme=cfg.nvme_budget)
 
 
-def static_profile(model: nn.Module, cfg: OffloadConfig, state_bytes: int = 8) -> ModelProfile:
-    """A profile from parameter counts alone (no activations): enough to reject impossible budgets."""
+def static_profile(model: nn.Module, cfg: OffloadConfig, state_bytes: int = 8, state_scalars: int = 0) -> ModelProfile:
+    """A profile from parameter counts alone (no activations): enough to reject impossible budgets.
+
+    ``state_scalars``: optimizer state bytes per parameter tensor beside the per-element ones
+    (:func:`~carina.offload.profiler.state_scalar_bytes`).
+    """
     blocks = find_blocks(model, cfg.blocks)
     dtype = _DTYPES.get(cfg.compute_dtype) or next(model.parameters()).dtype
     item = torch.empty((), dtype=dtype).element_size()
@@ -118,6 +122,7 @@ def static_profile(model: nn.Module, cfg: OffloadConfig, state_bytes: int = 8) -
         profs.append(BlockProfile(name, numel * item, numel, 0, 1e-3))
     rest = sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in seen)
     fold = cfg.grad_fold is not ConvertOn.HOST
+    tensors = len({id(p) for p in model.parameters() if p.requires_grad})
     return ModelProfile(
         tuple(profs),
         rest * item,
@@ -129,6 +134,7 @@ def static_profile(model: nn.Module, cfg: OffloadConfig, state_bytes: int = 8) -
         staging_bytes_per_param=item if not fold or cfg.grad_accumulation > 1 else 0,
         fold_on_device=fold,
         rest_cast_on_device=cfg.param_cast is not ConvertOn.HOST,
+        state_fixed_bytes=state_scalars * tensors,
     )
 
 
@@ -153,7 +159,7 @@ def wrap(
         CapacityError: The parameters and optimizer state cannot fit the budgets.
         ConfigError: Bad config, unknown block names, foreign optimizer parameters.
     """
-    from carina.offload.profiler import state_bytes_per_param
+    from carina.offload.profiler import state_bytes_per_param, state_scalar_bytes
 
     cfg = config or OffloadConfig()
     if model in _HANDLES:
@@ -168,7 +174,7 @@ def wrap(
     if device.type == "cuda":
         _set_up_allocator(cfg)
     static = make_plan(
-        static_profile(model, cfg, state_bytes_per_param(optimizer)),
+        static_profile(model, cfg, state_bytes_per_param(optimizer), state_scalar_bytes(optimizer)),
         budgets,
         _NOMINAL,
         policy="recompute",

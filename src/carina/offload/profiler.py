@@ -23,7 +23,14 @@ if TYPE_CHECKING:
     from carina.offload.blocks import ParamGroup
     from carina.offload.config import OffloadConfig
 
-__all__ = ["host_memory_rate", "measure_hardware", "model_profile", "optimizer_kwargs", "state_bytes_per_param"]
+__all__ = [
+    "host_memory_rate",
+    "measure_hardware",
+    "model_profile",
+    "optimizer_kwargs",
+    "state_bytes_per_param",
+    "state_scalar_bytes",
+]
 
 _DEFAULT_DISK = 1.5e9
 
@@ -36,6 +43,7 @@ def model_profile(
     other_fwd_s: float = 0.0,
     head_workspace_bytes: int = 0,
     state_bytes: int = 8,
+    state_scalars: int = 0,
     steps: int = 1,
     micro_batches: int = 1,
     fold_on_device: bool = False,
@@ -53,6 +61,7 @@ def model_profile(
         head_workspace_bytes: Transient bytes of the head and loss (not saved), see
             :mod:`carina.offload.workspace`.
         state_bytes: Optimizer state bytes per parameter.
+        state_scalars: Optimizer state bytes per parameter tensor beside those (:func:`state_scalar_bytes`).
         steps: Forward passes the times were summed over.
         micro_batches: Backward passes per optimizer step (gradient accumulation).
         fold_on_device: Gradients reach the host gradient as float32 (the device folds them).
@@ -83,7 +92,26 @@ def model_profile(
         rest_cast_on_device=rest_cast_on_device,
         head_workspace_bytes=max(0, head_workspace_bytes),
         micro_batches=micro_batches,
+        state_fixed_bytes=state_scalars * sum(len(g.masters) for g in [*blocks, rest]),
     )
+
+
+def state_scalar_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Optimizer state bytes per parameter tensor beside the per-element state (AdamW: its step count, 4).
+
+    Probed: ``optimizer``'s class with its hyperparameters steps a two-element float32 parameter once,
+    and what the state holds in tensors of at most one element counts. The runtime keeps those in host
+    RAM for every tensor (only per-element state spills to NVMe) and charges them to the ledger.
+    """
+    param = torch.nn.Parameter(torch.zeros(2))
+    param.grad = torch.zeros(2)
+    try:
+        probe = type(optimizer)([param], **optimizer_kwargs(optimizer))
+        probe.step()
+    except Exception:  # a class that cannot step alone like this (one that needs a closure): a float32 count
+        return 4
+    state = probe.state.get(param, {}).values()
+    return sum(t.numel() * t.element_size() for t in state if isinstance(t, torch.Tensor) and t.numel() <= 1)
 
 
 def state_bytes_per_param(optimizer: torch.optim.Optimizer) -> int:

@@ -26,7 +26,13 @@ from carina.offload.config import CpuOptimizerImpl, OffloadConfig
 from carina.offload.flatstep import UPCAST_CHUNK, FlatStep
 from carina.offload.lending import StateLending
 from carina.offload.planner import Plan, PlanBudgets, make_plan
-from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
+from carina.offload.profiler import (
+    measure_hardware,
+    model_profile,
+    optimizer_kwargs,
+    state_bytes_per_param,
+    state_scalar_bytes,
+)
 from carina.offload.runtime import OffloadRuntime
 from carina.offload.simulator import BlockPlan, Hardware, ModelProfile, simulate
 
@@ -90,6 +96,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self._share()
         self.masters = [master_of[id(p)] for p in runtime.model.parameters() if id(p) in master_of]
         self.state_bytes = state_bytes_per_param(user)
+        self.state_scalars = state_scalar_bytes(self.inner)  # per tensor, beside those (the step counts)
         self.hardware: Hardware | None = None
         self.plan: Plan | None = None
         self.profile: ModelProfile | None = None  # what the last plan was made from
@@ -323,6 +330,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
             other_act_bytes=rt.other_act_bytes,
             other_fwd_s=(rt.fwd_total - sum(g.fwd_s for g in rt.blocks)) / count,
             state_bytes=self.state_bytes,
+            state_scalars=self.state_scalars,
             steps=count,
             micro_batches=self.cfg.grad_accumulation if self.cfg.accumulate_on_device else 1,
             fold_on_device=rt.fold_on_device,

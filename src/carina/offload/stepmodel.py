@@ -84,6 +84,9 @@ class ModelProfile:
     head_workspace_bytes: int = 0
     micro_batches: int = 1  # backward passes per optimizer step (gradient accumulation)
     host_fixed_bytes: int = 0  # host bytes beside the per-parameter buffers: the pinned slabs' unused tails
+    # optimizer state beside the per-element state: AdamW's step count, one scalar per parameter tensor of
+    # every group (the ledger charges them); in host RAM whatever the plan, as only per-element state spills
+    state_fixed_bytes: int = 0
 
     @property
     def numel(self) -> int:
@@ -178,9 +181,15 @@ class SimEvent:
 
 
 def host_bytes(prof: ModelProfile, blocks: tuple[BlockPlan, ...]) -> tuple[int, int]:
-    """Host and NVMe bytes a plan needs (masters, gradients, staging, copies, states, swapped activations)."""
+    """Host and NVMe bytes a plan needs (masters, gradients, staging, copies, states, swapped activations).
+
+    Every byte the runtime charges to the host ledger: the per-parameter buffers, the optimizer state
+    (per element, and the scalars beside it: ``state_fixed_bytes``), the slabs' unused tails, one
+    spilled block's state while it is updated, and what swapped activations pin.
+    """
     per_param = 4 + 4 + prof.staging_bytes_per_param  # master, gradient, staging
-    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param + prof.host_fixed_bytes
+    host = prof.numel * per_param + prof.resident_numel * prof.state_bytes_per_param
+    host += prof.host_fixed_bytes + prof.state_fixed_bytes
     if not prof.rest_cast_on_device:
         host += prof.resident_numel * prof.copy_bytes_per_param
     nvme = staged = 0
