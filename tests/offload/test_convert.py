@@ -112,7 +112,7 @@ HW = Hardware(h2d=20e9, d2h=20e9, optim=2e9, disk=1.5e9, fold=3e9, cast=5e9)
     ("make", "scalars"),
     [
         (lambda ps: torch.optim.AdamW(ps, fused=True), 4),  # its step count, float32
-        (lambda ps: torch.optim.Adam(ps), 4),
+        (torch.optim.Adam, 4),
         (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), 0),  # a momentum buffer, per element only
     ],
 )

@@ -108,7 +108,7 @@ def state_scalar_bytes(optimizer: torch.optim.Optimizer) -> int:
     try:
         probe = type(optimizer)([param], **optimizer_kwargs(optimizer))
         probe.step()
-    except Exception:  # a class that cannot step alone like this (one that needs a closure): a float32 count
+    except (TypeError, ValueError, RuntimeError):  # a class that cannot step alone like this (LBFGS needs a closure)
         return 4
     state = probe.state.get(param, {}).values()
     return sum(t.numel() * t.element_size() for t in state if isinstance(t, torch.Tensor) and t.numel() <= 1)

@@ -21,18 +21,13 @@ import torch
 
 from carina.core.errors import ConfigError
 from carina.memory.tiers import Tier
+from carina.offload import profiler
 from carina.offload.blocks import ParamGroup
 from carina.offload.config import CpuOptimizerImpl, OffloadConfig
 from carina.offload.flatstep import UPCAST_CHUNK, FlatStep
 from carina.offload.lending import StateLending
 from carina.offload.planner import Plan, PlanBudgets, make_plan
-from carina.offload.profiler import (
-    measure_hardware,
-    model_profile,
-    optimizer_kwargs,
-    state_bytes_per_param,
-    state_scalar_bytes,
-)
+from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
 from carina.offload.runtime import OffloadRuntime
 from carina.offload.simulator import BlockPlan, Hardware, ModelProfile, simulate
 
@@ -96,7 +91,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self._share()
         self.masters = [master_of[id(p)] for p in runtime.model.parameters() if id(p) in master_of]
         self.state_bytes = state_bytes_per_param(user)
-        self.state_scalars = state_scalar_bytes(self.inner)  # per tensor, beside those (the step counts)
+        self.state_scalars = profiler.state_scalar_bytes(self.inner)  # per tensor beside those: the step counts
         self.hardware: Hardware | None = None
         self.plan: Plan | None = None
         self.profile: ModelProfile | None = None  # what the last plan was made from
