@@ -151,3 +151,16 @@ def test_config_turns_compute_dtype_gradients_off():
     cfg2 = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000)
     model2, opt2 = co.wrap(model2, cfg2, optimizer=opt2)
     assert opt2.narrows()  # the default: on where it is exact
+
+
+def test_one_upcast_buffer_per_stepping_thread_whatever_the_blocks():
+    import threading
+
+    first = flatstep._upcast_buffer(flatstep.UPCAST_CHUNK + 5)
+    assert flatstep._upcast_buffer(1000) is first  # every block stepped on this thread reuses it
+    assert first.numel() == flatstep.UPCAST_CHUNK
+    other: list = []
+    worker = threading.Thread(target=lambda: other.append(flatstep._upcast_buffer(1000)))
+    worker.start()
+    worker.join()
+    assert other[0] is not first and other[0].numel() == 1000  # another thread has its own

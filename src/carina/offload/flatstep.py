@@ -22,6 +22,7 @@ the gradient's bytes.
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +36,19 @@ __all__ = ["UPCAST_CHUNK", "FlatStep"]
 #: Elements per chunk of a compute-dtype gradient's update: a 16 MiB float32 upcast buffer, about a
 #: megabyte per thread of a 16-core team (within its L2), and a few hundred kernel calls for a 7B model.
 UPCAST_CHUNK = 1 << 22
+
+#: One upcast buffer per thread that steps, shared by every block (a block's update runs on one thread
+#: from start to end): 16 MiB per thread, not per block (a FlatStep each would pin ~0.5 GiB at 7B).
+_UPCAST = threading.local()
+
+
+def _upcast_buffer(n: int) -> torch.Tensor:
+    """This thread's float32 buffer of at least ``min(n, UPCAST_CHUNK)`` elements."""
+    need = min(n, UPCAST_CHUNK)
+    buf: torch.Tensor | None = getattr(_UPCAST, "buf", None)
+    if buf is None or buf.numel() < need:
+        buf = _UPCAST.buf = torch.empty(UPCAST_CHUNK if n >= UPCAST_CHUNK else need, dtype=torch.float32)
+    return buf
 
 
 class FlatStep:
@@ -55,7 +69,6 @@ class FlatStep:
         self.opt = type(inner)([self.param], **kwargs)
         self.chunk = nn.Parameter(torch.empty(0), requires_grad=True)
         self.chunk_opt = type(inner)([self.chunk], **kwargs)
-        self._upcast: torch.Tensor | None = None
         self._adopt()
 
     @classmethod
@@ -145,8 +158,7 @@ class FlatStep:
         n = self.group.numel
         per_element = {k for k, t in flat.items() if isinstance(t, torch.Tensor) and t.numel() == n and k != "step"}
         before = {k: t.clone() if isinstance(t, torch.Tensor) else t for k, t in flat.items() if k not in per_element}
-        if self._upcast is None:
-            self._upcast = torch.empty(min(n, UPCAST_CHUNK), dtype=torch.float32)
+        upcast = _upcast_buffer(n)
         state: dict[str, Any] = {}
         for start in range(0, n, UPCAST_CHUNK):
             stop = min(n, start + UPCAST_CHUNK)
@@ -154,7 +166,7 @@ class FlatStep:
             state.update({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in before.items()})
             self.chunk.data = self.group.master[start:stop]
             self.chunk_opt.state[self.chunk] = state
-            wide = self._upcast[: stop - start]
+            wide = upcast[: stop - start]
             wide.copy_(grad[start:stop])
             self.chunk.grad = wide
             try:
