@@ -10,7 +10,7 @@ from offload_fixtures import tiny_llama, train_losses
 
 import carina.offload as co
 from carina.core.errors import ConfigError
-from carina.offload.session import _inner_kwargs
+from carina.offload.profiler import inner_kwargs as _inner_kwargs
 
 
 def _opt(**kwargs):

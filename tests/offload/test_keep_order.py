@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from carina.offload.planner import PlanBudgets, _lifetimes, make_plan
+from carina.offload.planner import PlanBudgets, make_plan
 from carina.offload.simulator import Action, BlockPlan, BlockProfile, Hardware, ModelProfile, simulate
 
 MiB = 1 << 20
@@ -19,7 +19,7 @@ def _alike(n: int = 4, fwd: float = 0.01, head: float = 0.002) -> ModelProfile:
 def test_lifetimes_are_the_passes_between_a_blocks_forward_and_its_backward():
     prof = _alike(fwd=0.01, head=0.002)
     # the head's forward and backward, and every block above the block's forward and backward
-    assert _lifetimes(prof) == pytest.approx([3 * (0.002 + k * 0.01) for k in (3, 2, 1, 0)])
+    assert prof.kept_lifetimes() == pytest.approx([3 * (0.002 + k * 0.01) for k in (3, 2, 1, 0)])
 
 
 def test_alike_blocks_keep_from_the_last_down():

@@ -362,23 +362,14 @@ def _greedy(
     return blocks
 
 
-def _lifetimes(prof: ModelProfile) -> list[float]:
-    """Seconds each block's kept activations live: the passes of the head and the blocks above it."""
-    per_pass, after, out = 1 + prof.bwd_over_fwd, prof.other_fwd_s * (1 + prof.bwd_over_fwd), []
-    for b in reversed(prof.blocks):
-        out.append(after)
-        after += b.fwd_s * per_pass
-    return out[::-1]
-
-
 def _improve_activations(problem: _Problem, blocks: list[BlockPlan]) -> list[BlockPlan]:
     """Greedy: keep where recompute time saved per byte-second held is largest, then swap where it pays.
 
-    Among alike blocks the last ones hold kept bytes the shortest (:func:`_lifetimes`), leaving the
+    Among alike blocks the last ones hold kept bytes the shortest (:meth:`ModelProfile.kept_lifetimes`), leaving the
     memory of the rest of the step to resident weights and swaps in flight (the S2 32k plan kept its
     first two blocks, 6.1 GB each, and had room for neither). Swaps go by recompute time per byte.
     """
-    prof, life = problem.prof, _lifetimes(problem.prof)
+    prof, life = problem.prof, problem.prof.kept_lifetimes()
     per_byte = [b.fwd_s / max(1, b.act_bytes) for b in prof.blocks]
     orders = {
         Action.KEEP: sorted(range(len(blocks)), key=lambda i: -per_byte[i] / max(life[i], 1e-9)),

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from carina.core.errors import ConfigError
+from carina.offload.config import CpuOptimizerImpl
 from carina.offload.simulator import BlockProfile, Hardware, ModelProfile
 
 if TYPE_CHECKING:
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "host_memory_rate",
+    "inner_kwargs",
     "measure_hardware",
     "model_profile",
     "optimizer_kwargs",
@@ -128,6 +131,19 @@ def optimizer_kwargs(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The constructor arguments of ``optimizer`` found in its defaults."""
     params = inspect.signature(type(optimizer).__init__).parameters
     return {k: v for k, v in optimizer.defaults.items() if k in params}
+
+
+def inner_kwargs(user: torch.optim.Optimizer, cfg: OffloadConfig, device: torch.device) -> dict[str, Any]:
+    """The user's optimizer settings for the CPU masters, with the fused CPU kernel where ``cfg`` asks for it."""
+    kwargs = optimizer_kwargs(user)
+    if "fused" not in kwargs or cfg.cpu_optimizer is CpuOptimizerImpl.AS_GIVEN:
+        if cfg.cpu_optimizer is CpuOptimizerImpl.FUSED:
+            raise ConfigError(f"{type(user).__name__} has no fused implementation", key="cpu_optimizer")
+        return kwargs
+    chosen = kwargs.get("fused") is not None or kwargs.get("foreach") is not None
+    if cfg.cpu_optimizer is CpuOptimizerImpl.FUSED or (device.type == "cuda" and not chosen):
+        kwargs.update(fused=True, foreach=None)
+    return kwargs
 
 
 def _copy_rate(src: torch.Tensor, dst: torch.Tensor, cuda: bool) -> float:

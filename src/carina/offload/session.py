@@ -23,7 +23,7 @@ from carina.core.errors import ConfigError
 from carina.memory.tiers import Tier
 from carina.offload import profiler
 from carina.offload.blocks import ParamGroup
-from carina.offload.config import CpuOptimizerImpl, OffloadConfig
+from carina.offload.config import OffloadConfig
 from carina.offload.flatstep import UPCAST_CHUNK, FlatStep
 from carina.offload.lending import StateLending
 from carina.offload.planner import Plan, PlanBudgets, make_plan
@@ -34,19 +34,6 @@ from carina.offload.simulator import BlockPlan, Hardware, ModelProfile, simulate
 __all__ = ["OffloadOptimizer"]
 
 log = logging.getLogger("carina.offload")
-
-
-def _inner_kwargs(user: torch.optim.Optimizer, cfg: OffloadConfig, device: torch.device) -> dict[str, Any]:
-    """The user's optimizer settings for the CPU masters, with the fused CPU kernel where ``cfg`` asks for it."""
-    kwargs = optimizer_kwargs(user)
-    if "fused" not in kwargs or cfg.cpu_optimizer is CpuOptimizerImpl.AS_GIVEN:
-        if cfg.cpu_optimizer is CpuOptimizerImpl.FUSED:
-            raise ConfigError(f"{type(user).__name__} has no fused implementation", key="cpu_optimizer")
-        return kwargs
-    chosen = kwargs.get("fused") is not None or kwargs.get("foreach") is not None
-    if cfg.cpu_optimizer is CpuOptimizerImpl.FUSED or (device.type == "cuda" and not chosen):
-        kwargs.update(fused=True, foreach=None)
-    return kwargs
 
 
 class OffloadOptimizer(StateLending, torch.optim.Optimizer):
@@ -74,7 +61,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self.budgets = budgets
         self.on_plan = on_plan
         master_of = {id(p): g.masters[i] for g in runtime.groups for i, p in enumerate(g.params)}
-        kwargs = _inner_kwargs(user, self.cfg, runtime.device)
+        kwargs = profiler.inner_kwargs(user, self.cfg, runtime.device)
         given = optimizer_kwargs(user)
         # the implementation carina chose must reach every group: a group's own "fused": None wins over defaults
         chosen: dict[str, Any] = {

@@ -106,6 +106,15 @@ class ModelProfile:
         """Whether a group's gradients cross in the compute dtype (see ``narrow_grads``)."""
         return self.narrow_grads and self.fold_on_device and self.micro_batches == 1 and not on_nvme
 
+    def kept_lifetimes(self) -> list[float]:
+        """Seconds each block's kept activations live: the passes of the head and the blocks above it."""
+        per_pass = 1 + self.bwd_over_fwd
+        after, out = self.other_fwd_s * per_pass, []
+        for b in reversed(self.blocks):
+            out.append(after)
+            after += b.fwd_s * per_pass
+        return out[::-1]
+
 
 @dataclass(frozen=True)
 class Hardware:
