@@ -184,23 +184,30 @@ def test_sorted_unique_equals_numpy_unique(values, presort):
     assert np.array_equal(_sorted_unique(v), np.unique(v))
 
 
-@pytest.mark.gpu
-def test_host_slice_is_filled_in_pinned_memory(small_dataset, engine):
-    """On a CUDA machine the host slice is allocated pinned and filled in place: same rows, pinned."""
+def _cuda_store(dataset, engine):
+    """A CUDA store with a 100-row GPU slice and a 300-row host slice (skips without CUDA)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    s = OutOfCoreFeatures(small_dataset, engine=engine, device="cuda")
-    m = small_dataset.manifest
+    s = OutOfCoreFeatures(dataset, engine=engine, device="cuda")
+    m = dataset.manifest
     cache = StaticCache(
-        hotness=degree_hotness(small_dataset.graph),
+        hotness=degree_hotness(dataset.graph),
         config=CacheConfig(gpu_rows=100, host_rows=300),
         dim=m.feature_dim,
         dtype=m.torch_dtype,
         device="cuda",
         fetch=s.read_rows,
     )
-    assert cache.host.is_pinned() and cache.host.shape == (300, m.feature_dim)
     s.attach_cache(cache)
+    return s, cache
+
+
+@pytest.mark.gpu
+def test_host_slice_is_filled_in_pinned_memory(small_dataset, engine):
+    """On a CUDA machine the host slice is allocated pinned and filled in place: same rows, pinned."""
+    s, cache = _cuda_store(small_dataset, engine)
+    m = small_dataset.manifest
+    assert cache.host.is_pinned() and cache.host.shape == (300, m.feature_dim)
     ids = torch.arange(m.num_nodes)
     assert torch.equal(s.gather(ids).cpu(), node_features(ids, dim=m.feature_dim, seed=3))
     s.close()
@@ -231,20 +238,7 @@ def test_read_stage_gathers_the_host_hits(small_dataset, engine):
 
 @pytest.mark.gpu
 def test_staged_rows_are_pinned_for_a_cuda_device(small_dataset, engine):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    s = OutOfCoreFeatures(small_dataset, engine=engine, device="cuda")
-    m = small_dataset.manifest
-    s.attach_cache(
-        StaticCache(
-            hotness=degree_hotness(small_dataset.graph),
-            config=CacheConfig(gpu_rows=100, host_rows=300),
-            dim=m.feature_dim,
-            dtype=m.torch_dtype,
-            device="cuda",
-            fetch=s.read_rows,
-        )
-    )
+    s, _ = _cuda_store(small_dataset, engine)
     b = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=1).sample(small_dataset.train_idx[:200])
     plan = s.plan(b.n_id.cuda())
     missing = s.read(plan)
