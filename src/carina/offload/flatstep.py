@@ -47,7 +47,7 @@ def _upcast_buffer(n: int) -> torch.Tensor:
     need = min(n, UPCAST_CHUNK)
     buf: torch.Tensor | None = getattr(_UPCAST, "buf", None)
     if buf is None or buf.numel() < need:
-        buf = _UPCAST.buf = torch.empty(UPCAST_CHUNK if n >= UPCAST_CHUNK else need, dtype=torch.float32)
+        buf = _UPCAST.buf = torch.empty(need, dtype=torch.float32)
     return buf
 
 
