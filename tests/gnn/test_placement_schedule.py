@@ -101,6 +101,19 @@ def test_plans_respect_capacities_and_deliver_everything(raw):
         assert maxflow_time(t, one_gpu) == pytest.approx(schedule_lp(t, one_gpu).time_s, rel=1e-3)
 
 
+def test_a_tiny_demand_keeps_the_capacities():
+    # Hypothesis's find on CI: 1.2e-7 GB from dram0 came back at a quarter of its true time, its flows
+    # 4x over a link's capacity (the LP solver's absolute tolerance); solved in scaled units now
+    t = builtin("pcie-8gpu-2socket")
+    tiny = 1.192092896e-07
+    assert _check_plan(t, [Demand("dram0", "gpu0", tiny)]) > 0
+    big = schedule_lp(t, [Demand("dram0", "gpu4", 1.0)]).time_s
+    assert schedule_lp(t, [Demand("dram0", "gpu4", tiny)]).time_s == pytest.approx(big * tiny, rel=1e-6)
+    assert maxflow_time(t, [Demand("dram0", "gpu2", tiny)]) == pytest.approx(
+        schedule_lp(t, [Demand("dram0", "gpu2", tiny)]).time_s, rel=1e-3
+    )
+
+
 @settings(max_examples=15, deadline=None)
 @given(demand_lists, st.floats(1.1, 4.0))
 def test_more_bandwidth_never_hurts(raw, factor):

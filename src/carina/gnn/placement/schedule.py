@@ -125,10 +125,13 @@ def schedule_lp(topo: Topology, demands: list[Demand], *, relay_gpus: bool = Fal
         eq_r += [base + nodes[link.src], base + nodes[link.dst]]
         eq_c += [j, j]
         eq_v += [1.0, -1.0]
+    # Solved in units of the largest demand: HiGHS's feasibility tolerance (~1e-7) is absolute, so
+    # demands of 1e-7 GB came back violating link capacities (a property test found it).
+    scale = max(pairs.values()) or 1.0
     b_eq = np.zeros(len(keys) * len(nodes))
     for k, (src, gpu) in enumerate(keys):
-        b_eq[k * len(nodes) + nodes[src]] = pairs[(src, gpu)]
-        b_eq[k * len(nodes) + nodes[gpu]] = -pairs[(src, gpu)]
+        b_eq[k * len(nodes) + nodes[src]] = pairs[(src, gpu)] / scale
+        b_eq[k * len(nodes) + nodes[gpu]] = -pairs[(src, gpu)] / scale
     ub_r = [e for _, e in var] + list(range(len(topo.links)))
     ub_c = list(range(len(var))) + [nv - 1] * len(topo.links)
     ub_v = [1.0] * len(var) + [-x.gbps for x in topo.links]
@@ -144,9 +147,9 @@ def schedule_lp(topo: Topology, demands: list[Demand], *, relay_gpus: bool = Fal
     for j, (k, e) in enumerate(var):
         if res.x[j] > _EPS:
             link = topo.links[e]
-            flows[keys[k]][(link.src, link.dst)] = float(res.x[j])
-            link_gb[(link.src, link.dst)] += float(res.x[j])
-    return Schedule(time_s=float(res.x[-1]), flows=flows, link_gb=dict(link_gb), capacity=capacity)
+            flows[keys[k]][(link.src, link.dst)] = float(res.x[j]) * scale
+            link_gb[(link.src, link.dst)] += float(res.x[j]) * scale
+    return Schedule(time_s=float(res.x[-1]) * scale, flows=flows, link_gb=dict(link_gb), capacity=capacity)
 
 
 def maxflow_time(topo: Topology, demands: list[Demand], *, tol: float = 1e-6) -> float:
