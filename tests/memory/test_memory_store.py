@@ -110,3 +110,36 @@ def test_parse_bytes_never_fails_with_anything_but_value_error(text):
 def test_parse_bytes_integer_units(n, unit):
     scale = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "k": 1 << 10, "GB": 1 << 30}[unit]
     assert parse_bytes(f"{n}{unit}") == n * scale
+
+
+def test_nvme_batches_write_and_read_every_tensor_in_flight_at_once(tmp_path):
+    store = TensorStore(TierBudgets(host=1 << 20, nvme=1 << 20, nvme_path=tmp_path))
+    values = [(f"s{i}", torch.randn(1000 + 513 * i)) for i in range(5)]
+    store.put_nvme(values)
+    assert store.used(Tier.NVME) == sum(v.numel() * 4 for _, v in values)
+    outs = [(key, torch.empty_like(v)) for key, v in values]
+    store.read_nvme(outs[::-1])  # any order
+    assert all(torch.equal(out, v) for (_, out), (_, v) in zip(outs, values, strict=True))
+    assert store.stats().moved["nvme->host"] == sum(v.numel() * 4 for _, v in values)
+    with pytest.raises(ConfigError):  # a repeated key: nothing is written
+        store.put_nvme([("a", torch.zeros(4)), ("a", torch.zeros(4))])
+    with pytest.raises(ConfigError):
+        store.put_nvme([("s0", torch.zeros(4))])
+    assert sorted(store.keys()) == [k for k, _ in values]
+
+
+@pytest.mark.parametrize("budget", [1 << 16, 10_000])  # the ledger refuses the third / the file has no extent
+def test_a_batch_that_does_not_fit_stores_nothing_and_gives_every_byte_back(tmp_path, budget):
+    store = TensorStore(TierBudgets(host=1 << 20, nvme=budget, nvme_path=tmp_path))
+    store.put("kept", torch.ones(500), Tier.NVME)  # 2000 B (a 4 KiB extent)
+    n = 6000 if budget > 10_000 else 600
+    batch = [(f"b{i}", torch.full((n,), float(i))) for i in range(3)]
+    with pytest.raises(CapacityError):  # started writes are waited for, then undone
+        store.put_nvme(batch)
+    assert store.keys() == ["kept"] and store.used(Tier.NVME) == 2000
+    store.put_nvme(batch[:-1] if budget > 10_000 else batch[:1])  # the extents were given back
+    out = torch.empty(n)
+    store.read_nvme([("b0", out)])
+    assert torch.equal(out, batch[0][1])
+    with pytest.raises(ConfigError):
+        store.read_nvme([("missing", out)])

@@ -140,17 +140,17 @@ def test_widen_grad_restores_the_float32_gradient_in_place():
     assert torch.equal(g.grad, grad.bfloat16().float()) and not g.narrow
 
 
-def test_config_turns_compute_dtype_gradients_off():
+def test_compute_dtype_gradients_are_opt_in():
     model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    cfg = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000, narrow_grads=False)
+    cfg = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000)
     model, opt = co.wrap(model, cfg, optimizer=opt)
-    assert not opt.narrows()
+    assert not opt.narrows()  # the default since session 9: the narrow update measured slower on an H200
     model2 = tiny_llama()
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2, fused=True)
-    cfg2 = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000)
+    cfg2 = co.Config(device="cpu", compute_dtype="bfloat16", device_budget=1_300_000, narrow_grads=True)
     model2, opt2 = co.wrap(model2, cfg2, optimizer=opt2)
-    assert opt2.narrows()  # the default: on where it is exact
+    assert opt2.narrows()  # asked for, and exact here
 
 
 def test_one_upcast_buffer_per_stepping_thread_whatever_the_blocks():

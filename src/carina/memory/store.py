@@ -198,6 +198,48 @@ class TensorStore:
             entry.tensor.copy_(tensor)
         self._entries[key] = entry
 
+    def put_nvme(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        """Store copies of many CPU tensors in the NVMe tier, every write in flight at once.
+
+        A block's optimizer state is a dozen or more tensors: written one at a time, the device's
+        queue drains after each one. All entries appear only once every write has completed; when
+        one fails, none appears, their bytes are given back and the error is raised.
+        """
+        keys = [k for k, _ in items]
+        if len(set(keys)) < len(keys) or any(k in self._entries for k in keys):
+            raise ConfigError(f"keys already stored or repeated among {keys!r}", key=keys[0] if keys else "")
+        tier, started = self._nvme_tier(), []
+        try:
+            for key, tensor in items:
+                entry = _Entry(Tier.NVME, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
+                self.charge(Tier.NVME, entry.nbytes, key)
+                try:
+                    ext, fut = tier.write(tensor.detach().contiguous())
+                except BaseException:
+                    self.uncharge(Tier.NVME, entry.nbytes)
+                    raise
+                started.append((key, entry, ext, fut))
+            _wait_all([fut for *_, fut in started])
+        except BaseException:
+            for _, entry, ext, fut in started:
+                _settle(fut)
+                tier.free(ext)
+                self.uncharge(Tier.NVME, entry.nbytes)
+            raise
+        for key, entry, ext, _ in started:
+            entry.extent = ext
+            self._entries[key] = entry
+
+    def read_nvme(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        """Read many NVMe entries into contiguous CPU tensors, every read in flight at once."""
+        entries = [(self._entry(key), out) for key, out in items]
+        if any(e.tier is not Tier.NVME or e.extent is None for e, _ in entries):
+            raise ConfigError("read_nvme reads NVMe entries only", key=items[0][0])
+        tier = self._nvme_tier()
+        _wait_all([tier.read(e.extent, out) for e, out in entries if e.extent is not None])
+        for e, _ in entries:
+            self.note_move(Tier.NVME, Tier.HOST, e.nbytes)
+
     def get(self, key: str) -> torch.Tensor:
         """The stored tensor (read into a fresh host tensor when it lives on NVMe)."""
         entry = self._entry(key)
@@ -287,3 +329,19 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     import torch
 
     return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _wait_all(futures: list[Any]) -> None:
+    """Wait for every future, then raise the first one's error (none is left running)."""
+    errors = [e for e in (_settle(f) for f in futures) if e is not None]
+    if errors:
+        raise errors[0]
+
+
+def _settle(future: Any) -> BaseException | None:
+    """Wait for ``future``; its error, or None."""
+    try:
+        future.result()
+    except BaseException as exc:  # noqa: BLE001 - collected, then raised by the caller
+        return exc
+    return None

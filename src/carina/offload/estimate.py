@@ -94,7 +94,7 @@ def estimate_profile(config: Any, est: ShapeEstimate, state_bytes: int = 8) -> M
         state_bytes_per_param=state_bytes,
         copy_bytes_per_param=copy,
         fold_on_device=True,  # carina's defaults: gradients folded and the rest cast on the device
-        narrow_grads=True,  # ... and with one micro-batch (no clipping) sent in the compute dtype
+        narrow_grads=False,  # ... and float32 gradients (narrow_grads is opt-in)
         rest_cast_on_device=True,
         head_workspace_bytes=workspace,
     )

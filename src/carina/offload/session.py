@@ -180,16 +180,18 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self._flat.pop(g.index, None)  # its flat state would keep the host bytes alive
         store = self.rt.store
         shapes: list[tuple[Any, str, tuple[int, ...], torch.dtype]] = []
+        items = []
         for k, mp in enumerate(g.masters):
-            state = self.inner.state.get(mp, {})
-            for name, t in list(state.items()):
+            for name, t in self.inner.state.get(mp, {}).items():
                 if isinstance(t, torch.Tensor) and t.numel() > 1:
-                    store.put(f"state/{g.index}/{k}/{name}", t, Tier.NVME)
-                    store.note_move(Tier.HOST, Tier.NVME, t.numel() * t.element_size())
-                    if uncharge:
-                        store.uncharge(Tier.HOST, t.numel() * t.element_size())
+                    items.append((f"state/{g.index}/{k}/{name}", t))
                     shapes.append((mp, name, tuple(t.shape), t.dtype))
-                    state[name] = torch.empty(0, dtype=t.dtype)
+        store.put_nvme(items)  # all of the block's writes in flight at once
+        for (_, t), (mp, name, _, dt) in zip(items, shapes, strict=True):
+            store.note_move(Tier.HOST, Tier.NVME, t.numel() * t.element_size())
+            if uncharge:
+                store.uncharge(Tier.HOST, t.numel() * t.element_size())
+            self.inner.state[mp][name] = torch.empty(0, dtype=dt)
         self._spilled[g.index] = shapes
 
     def _unspill(self, g: ParamGroup) -> None:
@@ -200,10 +202,12 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         store = self.rt.store
         index = {id(mp): k for k, mp in enumerate(g.masters)}
         views = self._state_views([(shape, dtype) for _, _, shape, dtype in shapes])
-        for (mp, name, _, _), t in zip(shapes, views, strict=True):
-            key = f"state/{g.index}/{index[id(mp)]}/{name}"
-            store.charge(Tier.HOST, t.numel() * t.element_size(), f"{g.name} optimizer state (from NVMe)")
-            store.read_into(key, t)
+        keys = [f"state/{g.index}/{index[id(mp)]}/{name}" for mp, name, _, _ in shapes]
+        store.charge(
+            Tier.HOST, sum(t.numel() * t.element_size() for t in views), f"{g.name} optimizer state (from NVMe)"
+        )
+        store.read_nvme(list(zip(keys, views, strict=True)))  # all of the block's reads in flight at once
+        for (mp, name, _, _), key, t in zip(shapes, keys, views, strict=True):
             store.drop(key)
             self.inner.state[mp][name] = t
 
