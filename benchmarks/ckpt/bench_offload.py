@@ -10,7 +10,14 @@ then a few clean steps, then the next method. Per method:
 - ``blocking_s``: time inside ``save`` (or ``torch.save`` + fsync);
 - ``interference_s``: what the steps run while the save was in flight took beyond
   the median clean step (clean: no save in flight);
-- ``stall_s`` = blocking + interference, ``durable_s`` from save to its commit marker.
+- ``stall_s`` = blocking + interference, ``durable_s`` from save to its commit marker;
+- ``bytes_written`` (the files of the timed save as they lie on disk), ``durable_bound_s`` =
+  1.2 x bytes_written / disk bw + 0.5 s (issue 7's goal) and ``within_bound``.
+
+The disk bw is probed in the checkpoint directory in the same run, as bench_fork_write.py
+does without fio (``bench_stall.write_passes``: an untimed pass, then 3 timed passes of
+``--probe-mb`` O_DIRECT writes, each fsynced): once before the model is built, once after
+the last method; ``metrics.disk_probe`` keeps every pass, the bound uses the best of all.
 
     python benchmarks/ckpt/bench_offload.py --model tiny --device cpu --budget 64MiB
     python benchmarks/ckpt/bench_offload.py --model llama-1b --device cuda --budget 8GiB \\
@@ -37,12 +44,29 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ckpt_methods import make_method
+from bench_stall import write_passes
+from ckpt_methods import make_method, saved_bytes
 from ckpt_workload import PeakMemory
 from offload_fit import fit_model
 from stall_record import env
 
 from carina.core.bench import Figure, make_record, write_record
+
+
+def bound_row(durable_s: float | None, nbytes: int, bw: float | None) -> dict[str, Any]:
+    """A summary row's goal fields: the bytes, the bound 1.2 x bytes / bw + 0.5 s, whether durable_s is within it."""
+    if not bw:
+        return {"bytes_written": nbytes, "durable_bound_s": None, "within_bound": None}
+    bound = 1.2 * nbytes / bw + 0.5
+    return {"bytes_written": nbytes, "durable_bound_s": round(bound, 4),
+            "within_bound": None if durable_s is None else durable_s <= bound}  # fmt: skip
+
+
+def probe_metrics(passes: dict[str, list[float]], size: int) -> dict[str, Any]:
+    """``metrics.disk_probe``: each probe's pass rates (GB/s) and the best pass of all (B/s)."""
+    rates = [r for each in passes.values() for r in each]
+    return {"size_bytes": size, **{f"{k}_GBps": [round(r / 1e9, 3) for r in v] for k, v in passes.items()},
+            "best_Bps": max(rates) if rates else None}  # fmt: skip
 
 
 class Finished(Exception):
@@ -88,12 +112,14 @@ class Driver:
             self.results[self.method.name] = {"blocking_s": time.perf_counter() - tb, "step": done}
             if self.method.done():  # a synchronous method: durable when save returns
                 self.results[self.method.name]["durable_s"] = time.time() - self.t_save
+                self.results[self.method.name]["bytes_written"] = saved_bytes(self.method.saved(done))
                 self.phase, self.left = "clean", self.settle
         elif self.phase == "timed":
             res = self.results[self.method.name]
             if self.method.done():
                 marker = self.method.durable_at()
                 res["durable_s"] = (marker if marker is not None else time.time()) - self.t_save
+                res["bytes_written"] = saved_bytes(self.method.saved(res["step"]))
                 if hasattr(self.method, "ckpt"):  # lent host state: slots copied behind training, by a guard first
                     res["lent_slots"], res["guard_copied_slots"] = self.method.ckpt.lent_copies()
                 self.phase, self.left = "clean", self.settle
@@ -130,7 +156,7 @@ class Driver:
         if self.on_close is not None:
             self.on_close()
 
-    def summary(self) -> list[dict[str, Any]]:
+    def summary(self, bw: float | None = None) -> list[dict[str, Any]]:
         clean = [s for s, label in self.steps if label == "clean"]
         base = statistics.median(clean) if clean else 0.0
         rows = []
@@ -143,6 +169,8 @@ class Driver:
                    "host_extra_GB": round(res.get("host_extra_GB", 0.0), 2)}  # fmt: skip
             row.update({k: res[k] for k in ("lent_slots", "guard_copied_slots") if k in res})
             row["warm_save"] = name not in self.cold
+            if "bytes_written" in res:
+                row.update(bound_row(res.get("durable_s"), res["bytes_written"], bw))
             if "error" in res:
                 row["error"] = res["error"]
             rows.append(row)
@@ -170,9 +198,16 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0, help="at most this many of the preset's layers (0: all)")
     ap.add_argument("--cold", default="", help="methods whose first save is the timed one (comma list)")
     ap.add_argument("--budget-s", type=float, default=0, help="start no method after this many seconds")
+    ap.add_argument("--probe-mb", type=int, default=4096,
+                    help="disk probe: MiB per timed pass, a multiple of 64 (0: no probe, no bound)")  # fmt: skip
     args = ap.parse_args()
+    if args.probe_mb < 0 or args.probe_mb % 64:
+        raise SystemExit(f"--probe-mb {args.probe_mb}: a multiple of 64 (its writes are 64 MiB each), or 0")
     t0 = time.perf_counter()
     root = Path(args.dir or tempfile.mkdtemp(prefix="carina-ckpt-offload-"))
+    root.mkdir(parents=True, exist_ok=True)
+    args.probe = {}
+    probe(args, root, "before")
     methods = [m for m in args.methods.split(",") if m]
     cold = tuple(m for m in args.cold.split(",") if m)
     model, args.fit = args.model, None
@@ -192,12 +227,22 @@ def main() -> None:
     finally:
         if driver.method is not None:
             driver.method.close()
+    probe(args, root, "after")
     write(args, driver, time.perf_counter() - t0)
     shutil.rmtree(root, ignore_errors=True)
 
 
+def probe(args: Any, root: Path, when: str) -> None:
+    """Probe the checkpoint disk (``--probe-mb`` per pass) into ``args.probe[when]``."""
+    if args.probe_mb:
+        args.probe[when] = write_passes(root, args.probe_mb << 20)
+        print(f"disk probe {when}:", [round(r / 1e9, 3) for r in args.probe[when]], "GB/s", file=sys.stderr, flush=True)
+
+
 def write(args: Any, driver: Driver, wall_s: float) -> None:
-    rows = driver.summary()
+    disk = probe_metrics(args.probe, args.probe_mb << 20)
+    bw = disk["best_Bps"]
+    rows = driver.summary(bw)
     params = sum(p.numel() for p in driver.model.parameters())
     state = 3 * 4 * params  # fp32 masters + two AdamW moments
     peers = {r["method"]: r["stall_s"] for r in rows if not r["method"].startswith("carina-") and "stall_s" in r}
@@ -206,16 +251,29 @@ def write(args: Any, driver: Driver, wall_s: float) -> None:
         if r["method"].startswith("carina-") and r.get("stall_s", 0) > 0:
             figures.append(Figure(name=f"stall_{r['method']}", value=r["stall_s"], unit="s", higher_is_better=False,
                                   peers=peers, ceiling_source="none (0 s)"))  # fmt: skip
+    durable = {r["method"]: r["durable_s"] for r in rows if r.get("durable_s")}
+    for r in rows:
+        if bw and r["method"].startswith("carina-") and r.get("durable_s"):
+            figures.append(Figure(name=f"time_to_durable_{r['method'].removeprefix('carina-')}", value=r["durable_s"],
+                                  unit="s", higher_is_better=False, ceiling=round(r["bytes_written"] / bw, 4),
+                                  ceiling_source=f"bytes written / best disk probe pass ({bw / 1e9:.3f} GB/s)",
+                                  peers={p: v for p, v in durable.items() if p != r["method"]}))  # fmt: skip
     clean = [s for s, label in driver.steps if label == "clean"]
     metrics = {"summary": rows, "params": params, "state_bytes": state, "step_s_median": statistics.median(clean)
-               if clean else None, "steps": driver.steps, "wall_s": wall_s, "shape": args.fit}  # fmt: skip
+               if clean else None, "steps": driver.steps, "wall_s": wall_s, "shape": args.fit,
+               "disk_probe": disk, "disk_write_Bps": bw}  # fmt: skip
     cfg = {k: getattr(args, k) for k in ("model", "device", "budget", "micro_batch", "seq_len", "methods", "warmup",
-                                          "layers", "cold", "budget_s")}  # fmt: skip
+                                          "layers", "cold", "budget_s", "probe_mb")}  # fmt: skip
     shape = args.model if args.fit is None else f"{args.model} shape at {args.fit['layers']} layers"
     notes = (f"carina.offload run ({shape}, {params / 1e9:.2f}B params, device budget {args.budget}, "
              f"{args.micro_batch}x{args.seq_len} tokens per step) checkpointed by each method in turn in one "
              f"process: one untimed save (none for: {args.cold or '-'}), one timed save; stall = blocking + the "
-             "overlapped steps' time beyond the median clean step.")  # fmt: skip
+             "overlapped steps' time beyond the median clean step; bytes_written = the files of the timed save as "
+             "they lie on disk (the state's tensors, metrics.state_bytes, plus each format's headers and "
+             "metadata); durable_bound_s = 1.2 x bytes_written / disk bw + 0.5 s, disk bw = the best pass of "
+             "the disk probes in the checkpoint directory (metrics.disk_probe: carina.io O_DIRECT writes of "
+             f"{args.probe_mb} MiB each fsynced, an untimed 64 MiB pass then 3 timed ones, before the model is "
+             "built and again after the last method; the bound uses the best pass of both).")  # fmt: skip
     name = args.name or f"ckpt_offload_{args.device}"
     rec = make_record(name=name, figures=figures, config=cfg, metrics=metrics, notes=notes, environment=env())
     print(write_record(rec), file=sys.stderr, flush=True)

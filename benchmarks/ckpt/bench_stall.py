@@ -145,8 +145,19 @@ def disk_ceiling(root: Path, nbytes: int, passes: int = 3) -> tuple[float, str]:
         res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
         target.unlink(missing_ok=True)
         return float(res["jobs"][0]["write"]["bw_bytes"]), f"fio seq write 4M qd16 O_DIRECT {size >> 20} MiB"
+    rates = write_passes(root, size, passes)
+    each = ", ".join(f"{r / 1e9:.3f}" for r in rates)
+    return max(rates), f"carina.io seq write O_DIRECT {size >> 20} MiB, best of {passes} ({each} GB/s) (fio absent)"
+
+
+def write_passes(root: Path, size: int, passes: int = 3) -> list[float]:
+    """Each timed pass's rate (B/s): ``size`` bytes written with carina.io (O_DIRECT, 64 MiB requests) and fsynced.
+
+    An untimed 64 MiB pass comes first; every pass writes a new file in ``root``, deleted after it.
+    """
     from carina.io import Direct, IOConfig, IOEngine, aligned_buffer
 
+    target = root / "fio.bin"
     buf = aligned_buffer(64 << 20)
     buf[:] = 1  # touched: no page faults inside the timed writes
     rates = []
@@ -163,8 +174,7 @@ def disk_ceiling(root: Path, nbytes: int, passes: int = 3) -> tuple[float, str]:
             target.unlink(missing_ok=True)  # each pass a new file, as each checkpoint is
             if i:
                 rates.append(size / took)
-    each = ", ".join(f"{r / 1e9:.3f}" for r in rates)
-    return max(rates), f"carina.io seq write O_DIRECT {size >> 20} MiB, best of {passes} ({each} GB/s) (fio absent)"
+    return rates
 
 
 def sync_copy_s(model: Any, opt: Any, limit: int = 4 << 30) -> float | None:

@@ -2,10 +2,11 @@
 
 ``start(step)`` saves (blocking for what the method blocks for), ``done()`` says
 whether the last save is durable (never blocks), ``durable_at()`` gives the wall
-time its commit marker appeared (None: when ``done()`` saw it), ``close()``
-finishes. ``carina-<writer>`` is a :class:`carina.ckpt.Checkpointer`; the peers are
-``torch.save`` (+fsync, rename), ``dcp.save``, ``dcp.async_save`` (thread mode)
-and ``dcp.async_process`` (process mode), each with its default stager.
+time its commit marker appeared (None: when ``done()`` saw it), ``saved(step)``
+where that step's save lies, ``close()`` finishes. ``carina-<writer>`` is a
+:class:`carina.ckpt.Checkpointer`; the peers are ``torch.save`` (+fsync, rename),
+``dcp.save``, ``dcp.async_save`` (thread mode) and ``dcp.async_process`` (process
+mode), each with its default stager.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class TorchSave:
         """Wall-clock time the last save became durable, from its commit marker (None: when done() saw it)."""
         return None
 
+    def saved(self, step: int) -> Path:
+        """Where the save of ``step`` lies (a file or a folder)."""
+        return self.root / f"{step}.pt"
+
     def close(self) -> None:
         return None
 
@@ -68,6 +73,9 @@ class DcpSave(TorchSave):
 
         sd, kw = self._args(step)
         dcp.save(sd, **kw)
+
+    def saved(self, step: int) -> Path:
+        return self.root / f"dcp_{step}"
 
 
 class DcpAsync(DcpSave):
@@ -139,8 +147,20 @@ class Carina:
     def durable_at(self) -> float:
         return (Path(self.ckpt.config.dir) / "latest").stat().st_mtime  # replaced last in the commit
 
+    def saved(self, step: int) -> Path:
+        from carina.ckpt.commit import step_dir_name
+
+        return Path(self.ckpt.config.dir) / step_dir_name(step)
+
     def close(self) -> None:
         self.ckpt.close()
+
+
+def saved_bytes(path: Path) -> int:
+    """Bytes of the files of one save (a file, or every file under a folder), as they lie on disk."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def make_method(name: str, root: Path, model: Any, opt: Any) -> Any:

@@ -8,8 +8,12 @@
 #            (1.88 B params, 22.6 GB state), 24 GiB device budget, 4x2048 tokens/step: carina process, then
 #            dcp.async_save (s7 cut it: 'skipped: time budget'; s8 never ran the part), then torch.save (cold)
 #            and carina thread, one timed save each, none started after OFFLOAD_START_BY s (160: torch.save or
-#            thread is what a short budget cuts)                       -> ckpt_offload7b$SUFFIX.json
-#            (~250 s: ~60 s setup, ~45 s process, ~90 s dcp.async_save, ~40 s torch.save)
+#            thread is what a short budget cuts); the disk probed in the checkpoint folder in the same run,
+#            before the model is built and after the last method (an untimed pass, then the best of 3 passes of
+#            OFFLOAD_PROBE_MB, default 4096 MiB, O_DIRECT + fsync: ~7 s each at ~2 GB/s, outside the
+#            OFFLOAD_START_BY clock), so each method's row gets its bytes, bound and within_bound
+#                                                                      -> ckpt_offload7b$SUFFIX.json
+#            (~265 s: ~60 s setup, ~45 s process, ~90 s dcp.async_save, ~40 s torch.save, ~15 s the two probes)
 #  overhead  bench_overhead_paired.py, llama OVERHEAD_PARAMS (default 350M), carina process, as in session 8
 #            (interleaved clean / checkpointed blocks of K steps, K auto = 2.5x the slowest of two calibration
 #            saves, writer at niceness +10, <= 12 pairs) with save() building its slot views once per arena
@@ -22,7 +26,8 @@
 #            save kept, io-wq workers counted; the disk's bandwidth the best of 3 passes after an untimed one
 #                                                                      -> ckpt_fork_write$SUFFIX.json
 #            (~75 s)
-# HARD BUDGET: BUDGET_S (default 560 s, + ~5 s of lane_env setup before the clock starts: give the call 580 s); each
+# HARD BUDGET: BUDGET_S (default 560 s, + ~5 s of lane_env setup before the clock starts: give the call 580 s; the
+# parts' limits sum to 570 s, so a run of all four whose earlier parts use their whole limits clips fork); each
 # step under `timeout`, clipped to what is left; each benchmark rewrites its record in $OUT/ckpt/ after every
 # method / pair / round. Peak: host RAM ~95 GB, disk ~46 GB, /dev/shm ~48 GB (offload7b).
 # Usage (repository root): OUT=<dir> bash benchmarks/ckpt/lane_h200_s9.sh   (PARTS="offload7b" etc. for a subset)
@@ -32,11 +37,12 @@ set -uo pipefail
 DEVICE=${DEVICE:-cuda}
 if [ "$DEVICE" = cpu ]; then
   OV_PARAMS=2e6; OV_LIMIT=200; SUFFIX=_cpu_proof_s9
-  OFF=(--model tiny --layers 4 --budget 4MiB); OFF_LIMIT=100; START_BY=60; FORK_MB=128; FORK_REPS=2
+  OFF=(--model tiny --layers 4 --budget 4MiB --probe-mb 64); OFF_LIMIT=100; START_BY=60; FORK_MB=128; FORK_REPS=2
 else
   OV_PARAMS=350e6; OV_LIMIT=150; SUFFIX=_h200_s9
-  OFF=(--model llama2-7b --layers "${OFFLOAD_LAYERS:-8}" --budget 24GiB --micro-batch 4 --seq-len 2048)
-  OFF_LIMIT=270; START_BY=160; FORK_MB=${FORK_MB:-2048}; FORK_REPS=${FORK_REPS:-5}
+  OFF=(--model llama2-7b --layers "${OFFLOAD_LAYERS:-8}" --budget 24GiB --micro-batch 4 --seq-len 2048
+       --probe-mb "${OFFLOAD_PROBE_MB:-4096}")
+  OFF_LIMIT=285; START_BY=160; FORK_MB=${FORK_MB:-2048}; FORK_REPS=${FORK_REPS:-5}
 fi
 BUDGET_S=${BUDGET_S:-560}
 PARTS=${PARTS:-gputest offload7b overhead fork}   # which steps run (always in the order below)
