@@ -86,7 +86,7 @@ STEP_GAP=6   # the same logs: 3-6 s from a phase's end to the next one's start (
 active() { want "$1" && { [ "$DEVICE" != cpu ] || [[ $1 != gpu_tests && $1 != fsdp2_8k ]]; }; }
 plan() {  # plan VERBOSE: sets PLAN_NEED (the smallest BUDGET, "" where no BUDGET does) and PLAN_BAD ("" if none)
   local name at=0 full_at=0 start avail t typ need how verdict
-  PLAN_NEED=0; PLAN_BAD=""
+  PLAN_NEED=0; PLAN_BAD=""; PLAN_FIX=""
   for name in "${ORDER[@]}"; do
     active "$name" || continue
     typ=${TYP[$name]}; how="typical $typ s"
@@ -112,7 +112,7 @@ plan() {  # plan VERBOSE: sets PLAN_NEED (the smallest BUDGET, "" where no BUDGE
     fi
   done
   if [ -z "$PLAN_BAD" ] && [ -n "${LANE_LIMIT_S:-}" ] && (( BUDGET + 5 > LANE_LIMIT_S )); then
-    PLAN_BAD="the lane's limit (${LANE_LIMIT_S} s) would stop it: BUDGET=$BUDGET needs a limit >= $(( BUDGET + 5 )) s"
+    PLAN_BAD="the lane's limit (${LANE_LIMIT_S} s) would stop it"; PLAN_FIX="a lane limit >= $(( BUDGET + 5 )) s"
   fi
 }
 PLAN_BAD=""
@@ -123,6 +123,7 @@ if [ "${DRY_RUN:-0}" = 1 ] || [ "$DEVICE" != cpu ]; then
   plan "$([ "${DRY_RUN:-0}" = 1 ] && echo 1 || echo 0)"
   SMALLEST="${PLAN_NEED:-none (a cap is too small)}"; NEED="a larger cap (no BUDGET is enough)"
   [ -n "$PLAN_NEED" ] && SMALLEST="$PLAN_NEED s" && NEED="BUDGET >= $PLAN_NEED s"
+  [ -n "$PLAN_FIX" ] && NEED=$PLAN_FIX
   if [ "${DRY_RUN:-0}" = 1 ]; then
     echo "== plan: the smallest BUDGET that gives every wanted phase its typical duration: $SMALLEST" \
       "(this one: $BUDGET s)${PLAN_BAD:+; $PLAN_BAD}"
