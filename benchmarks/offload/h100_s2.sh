@@ -66,7 +66,7 @@ MIN=([gpu_tests]=20 [ideal]=20 [carina_8k]=60 [carina_32k]=60 [carina_128k]=80 [
      [notax_3b]=$NOTAX_MIN [cpu_optim]=20)
 # TYP: the longest `== <phase>: rc=0 in N s` line of the committed H200 logs in
 # benchmarks/results/h200/s8/offload_s8_phases.tar.gz and benchmarks/results/h200/s9/offload_s9_phases.tar.gz
-# (all at the defaults: M32=16, M128=8, OPTIM_THREADS=0): gpu_tests 25, 31; ideal 15, 16, 18, 19, 25;
+# (at M32=16, M128=8): gpu_tests 25, 31; ideal 15, 16, 18, 19, 25;
 # carina_8k 63, 71; carina_32k 72 (plain loss), 65, 74 (HEAD_CHUNK=4096); carina_128k 117; spill_8k at the
 # full 7B (SPILL_LAYERS=32, SPILL_BLOCKS=27) 408, 426: scaled here by SPILL_LAYERS/32 from 426 s (an estimate:
 # only the 32-layer spill finished in those logs). notax_3b is in neither: 82 s and 34 s in
