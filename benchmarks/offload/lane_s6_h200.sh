@@ -10,6 +10,8 @@
 # HARD TIME BUDGET: 560 s in total (BUDGET), inside a lane limit of 575 s:
 #   OUT=$OUT bash benchmarks/h100_combined.sh offload=benchmarks/offload/lane_s6_h200.sh:575
 # Proof on a CPU (tiny sizes):  DEVICE=cpu OUT=/tmp/lane_out bash benchmarks/offload/lane_s6_h200.sh
+# The plan only, on any machine (h100_s2.sh's preflight; a device run refuses a BUDGET that would skip or cut a phase):
+#   DRY_RUN=1 OUT=/tmp/x bash benchmarks/h100_combined.sh offload=benchmarks/offload/lane_s6_h200.sh:575
 # HEAD_CHUNK=N: the carina phases' loss in chunks of N tokens (carina.offload.chunked_lm_loss; records named
 # offload_s2_7b16l_head<N>_<tokens>.json), e.g. the GPU tests, the ideal and 32k (about 180 s expected, 300 s hard):
 #   HEAD_CHUNK=4096 PHASES="gpu_tests ideal carina_32k" BUDGET=300 OUT=$OUT bash benchmarks/h100_combined.sh \

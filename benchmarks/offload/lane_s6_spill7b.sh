@@ -7,6 +7,8 @@
 # HARD TIME BUDGET: 560 s (BUDGET), lane limit 575 s; disk: ~46 GB under NVME_DIR (the device has ~64 GB free).
 #   OUT=$OUT bash benchmarks/h100_combined.sh spill7b=benchmarks/offload/lane_s6_spill7b.sh:575
 # Proof on a CPU (tiny sizes):  DEVICE=cpu OUT=/tmp/lane_out bash benchmarks/offload/lane_s6_spill7b.sh
+# The plan only, on any machine (h100_s2.sh's preflight; SPILL_LAYERS scales the spill's typical duration):
+#   DRY_RUN=1 OUT=/tmp/x bash benchmarks/h100_combined.sh spill7b=benchmarks/offload/lane_s6_spill7b.sh:575
 set -uo pipefail
 : "${OUT:?set OUT}"
 export OUT LANE=${LANE:-spill7b}
