@@ -186,16 +186,12 @@ class TensorStore:
         """Store a copy of ``tensor`` under ``key`` in ``tier`` (charged; waits for NVMe writes)."""
         if key in self._entries:
             raise ConfigError(f"key {key!r} already stored", key=key)
-        entry = _Entry(tier, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
         if tier is Tier.NVME:
-            src = tensor.detach().to("cpu").contiguous()
-            self.charge(tier, entry.nbytes, key)
-            ext, fut = self._nvme_tier().write(src)
-            fut.result()
-            entry.extent = ext
-        else:
-            entry.tensor = self.empty(entry.shape, entry.dtype, tier, key)
-            entry.tensor.copy_(tensor)
+            self.put_nvme([(key, tensor)])
+            return
+        entry = _Entry(tier, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
+        entry.tensor = self.empty(entry.shape, entry.dtype, tier, key)
+        entry.tensor.copy_(tensor)
         self._entries[key] = entry
 
     def put_nvme(self, items: list[tuple[str, torch.Tensor]]) -> None:
@@ -214,7 +210,7 @@ class TensorStore:
                 entry = _Entry(Tier.NVME, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
                 self.charge(Tier.NVME, entry.nbytes, key)
                 try:
-                    ext, fut = tier.write(tensor.detach().contiguous())
+                    ext, fut = tier.write(tensor.detach().to("cpu").contiguous())
                 except BaseException:
                     self.uncharge(Tier.NVME, entry.nbytes)
                     raise
@@ -259,9 +255,7 @@ class TensorStore:
         if entry.tier is not Tier.NVME:
             out.copy_(entry.tensor)
             return
-        assert entry.extent is not None
-        self._nvme_tier().read(entry.extent, out).result()
-        self.note_move(Tier.NVME, Tier.HOST, entry.nbytes)
+        self.read_nvme([(key, out)])
 
     def tier_of(self, key: str) -> Tier:
         """The tier ``key`` lives in."""
