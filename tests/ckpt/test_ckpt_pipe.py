@@ -14,10 +14,9 @@ import pytest
 import torch
 
 import carina.offload as co
-from carina.ckpt import Checkpointer, Config, WriterKind
+from carina.ckpt import Checkpointer, Config, WriterKind, writers
 from carina.ckpt import commit as commit_mod
 from carina.ckpt import staging as staging_mod
-from carina.ckpt import writers
 from carina.ckpt.commit import committed_steps
 from carina.ckpt.hostcopy import LazyCopies, span
 from carina.ckpt.progress import Progress
@@ -216,3 +215,39 @@ def test_engine_writer_writes_only_below_the_watermark(tmp_path: Path, monkeypat
     assert all(end % 4096 == 0 for _, end, _ in pieces[:-1]) and pieces[-1][1] == len(data)
     assert [p[0] for p in pieces[1:]] == [p[1] for p in pieces[:-1]] and pieces[0][0] == 0
     assert pieces[0][1] == 20 << 10  # the first piece waited for PIECE bytes, then took all that were final
+
+
+def test_streaming_starts_when_a_late_device_copy_ends_unasked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU the device-to-host copies end after save(): the next lent slot copied hands the job over."""
+    from carina.ckpt.staging import Stager
+    from carina.testing.ckpt import FakeCopyEvent
+
+    model, opt = _wrapped()
+    _step(model, opt, 1)
+    gate = threading.Event()
+    gated = GatedCopies(gate)
+    stage, events = Stager.stage, []
+
+    def late_stage(self: Stager, *args: Any, **kwargs: Any) -> Any:
+        snap = stage(self, *args, **kwargs)
+        snap.event = FakeCopyEvent()
+        events.append(snap.event)
+        return snap
+
+    monkeypatch.setattr(Stager, "stage", late_stage)
+    monkeypatch.setattr(staging_mod, "LazyCopies", gated)
+    with Checkpointer(Config(dir=str(tmp_path), writer=WriterKind.PROCESS)) as ckpt:
+        try:
+            ckpt.save(1, {"model": model, "optim": opt})
+            (lazy,) = gated.made
+            snap = ckpt._stager.pending
+            assert snap is not None and ckpt.in_flight() and ckpt._writer._pending  # not sent: the copy runs
+            events[0].finish()  # the D2H copies end; nobody calls the checkpointer
+            lazy.before_write([span(lazy._pairs[0][1])])  # a guard copies the first lent slot
+            progress = ckpt._writer.progress
+            _until(lambda: progress.passed(snap.arena) > snap.lent_offsets[0], "the writer passed the first lent slot")
+            assert not lazy.done()
+        finally:
+            gate.set()
+        ckpt.wait()
+        assert committed_steps(str(tmp_path)) == [1]

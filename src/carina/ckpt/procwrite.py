@@ -61,6 +61,8 @@ class ProcessWriter(Writer):
             self._pending.append((job, snap, handle))
         self._pump()
         snap.on_ready(self._pump)  # lent host copies finishing behind training start the write at once
+        if snap.lazy is not None and not snap.unlent_ready():  # on a GPU: stream once the D2H copies end,
+            snap.lazy.watch(lambda _prefix, _failed: self._pump())  # checked as each lent slot is copied
 
     def _pump(self, block: bool = False) -> None:
         while True:
