@@ -19,6 +19,7 @@ else is debris that restore ignores and the next commit deletes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -224,8 +225,13 @@ def write_file(path: str, data: memoryview) -> None:
         os.close(fd)
 
 
-def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> float:
+def run_job(
+    job: CommitJob, image: memoryview, write: Writer = pwrite_file, ready: Callable[[int], int] | None = None
+) -> float:
     """Persist ``image`` (header + tensor bytes) for ``job`` and, on rank 0, commit.
+
+    ``ready(n)`` (the process writer's :meth:`carina.ckpt.progress.Progress.gate`) returns once the bytes
+    below ``n`` are final; it is called before bytes are checksummed (``write`` calls it before writing).
 
     Returns:
         The ``time.monotonic()`` at which this rank's work was durable: its part file (ranks > 0),
@@ -245,7 +251,7 @@ def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> f
         # fsyncs it through a descriptor opened before its part, not by path.
         dir_fd = os.open(job.tmp_dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            shard = _write_shard(job, image, write)
+            shard = _write_shard(job, image, write, ready)
             part = os.path.join(job.tmp_dir, f"part{job.rank}.json")
             # Written under another name and renamed: rank 0 takes a part as done once it exists, so it must
             # never see it created but not yet written (an empty read: seen once in CI with 2 ranks).
@@ -264,23 +270,21 @@ def run_job(job: CommitJob, image: memoryview, write: Writer = pwrite_file) -> f
         raise CheckpointError(f"checkpoint write failed: {exc}", path=job.tmp_dir) from exc
 
 
-def _write_shard(job: CommitJob, image: memoryview, write: Writer) -> ShardEntry:
+def _write_shard(job: CommitJob, image: memoryview, write: Writer, ready: Callable[[int], int] | None) -> ShardEntry:
     start = len(job.header)
     if len(image) < job.size or bytes(image[:start]) != job.header:
         raise CheckpointError("staged image does not match its layout", path=job.tmp_dir)
     file = f"rank{job.rank:05d}.safetensors"
     finish = write(os.path.join(job.tmp_dir, file), image[: job.size])
+    try:
+        crcs = [_crc(image, start + s.offset, s.nbytes, ready) for s in job.slots]
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            finish()  # its gate fails as well: the file is closed, never committed
+        raise
     tensors = tuple(
-        TensorEntry(
-            s.name,
-            s.dtype,
-            s.shape,
-            s.offset,
-            s.nbytes,
-            _crc(image, start + s.offset, s.nbytes),
-            *job.chunks.get(s.name, (None, None)),
-        )
-        for s in job.slots
+        TensorEntry(s.name, s.dtype, s.shape, s.offset, s.nbytes, crc, *job.chunks.get(s.name, (None, None)))
+        for s, crc in zip(job.slots, crcs, strict=True)
     )
     _phase("checksums")
     finish()
@@ -288,10 +292,13 @@ def _write_shard(job: CommitJob, image: memoryview, write: Writer) -> ShardEntry
     return ShardEntry(job.rank, file, job.size, start, crc32(job.header), tensors)
 
 
-def _crc(image: memoryview, offset: int, nbytes: int) -> int:
+def _crc(image: memoryview, offset: int, nbytes: int, ready: Callable[[int], int] | None = None) -> int:
     crc = 0
     for off in range(offset, offset + nbytes, CHUNK):
-        crc = crc32(image[off : min(off + CHUNK, offset + nbytes)], crc)
+        end = min(off + CHUNK, offset + nbytes)
+        if ready is not None:
+            ready(end)
+        crc = crc32(image[off:end], crc)
     return crc
 
 

@@ -24,7 +24,7 @@ from carina.core.errors import CheckpointError
 
 __all__ = ["LazyCopies", "extent", "span"]
 
-_PENDING, _COPYING, _DONE = 0, 1, 2
+_PENDING, _COPYING, _DONE, _FAILED = 0, 1, 2, 3
 
 
 def span(tensor: Any) -> tuple[int, int]:
@@ -57,6 +57,9 @@ class LazyCopies:
         self._cond = threading.Condition()
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[], None]] = []
+        self._watchers: list[Callable[[int, bool], None]] = []
+        self._prefix = 0  # slots 0 .. _prefix-1 are copied without error
+        self._failed = False
         self.forced = 0  # slots copied by before_write (a write came before the background thread)
         self._thread = threading.Thread(target=self._run, name="carina-ckpt-hostcopy", daemon=True)
         self._thread.start()
@@ -81,6 +84,23 @@ class LazyCopies:
         if self._error is not None:
             raise CheckpointError(f"snapshot copy failed: {self._error!r}") from self._error
 
+    @property
+    def error(self) -> BaseException | None:
+        """The first copy's failure, if any (set before its slot counts as finished)."""
+        return self._error
+
+    def watch(self, callback: Callable[[int, bool], None]) -> None:
+        """Call ``callback(prefix, failed)`` now and after every slot copied, on the copying thread.
+
+        ``prefix``: how many leading slots (in the order given) are copied without error; it only
+        grows, but two threads (the background one, a write guard's) may report out of order.
+        ``failed``: a copy failed (the prefix stops below that slot).
+        """
+        with self._cond:
+            self._watchers.append(callback)
+            prefix, failed = self._prefix, self._failed
+        callback(prefix, failed)
+
     def on_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (on the copying thread) once every slot is copied; at once if they are."""
         with self._cond:
@@ -100,7 +120,7 @@ class LazyCopies:
                 self._copy(i)
                 self.forced += 1
         with self._cond:
-            self._cond.wait_for(lambda: all(self._state[i] == _DONE for i in hits))
+            self._cond.wait_for(lambda: all(self._state[i] >= _DONE for i in hits))
 
     def _run(self) -> None:
         for i in range(len(self._pairs)):
@@ -116,17 +136,25 @@ class LazyCopies:
 
     def _copy(self, i: int) -> None:
         dst, src = self._pairs[i]
+        ok = True
         try:
             dst.copy_(src)
         except BaseException as exc:  # noqa: BLE001 - raised by wait(); the slot still counts as finished
             self._error = self._error or exc
+            ok = False
         callbacks: list[Callable[[], None]] = []
         with self._cond:
-            self._state[i] = _DONE
+            self._state[i] = _DONE if ok else _FAILED
             self._left -= 1
+            self._failed = self._failed or not ok
+            while self._prefix < len(self._state) and self._state[self._prefix] == _DONE:
+                self._prefix += 1
+            prefix, failed, watchers = self._prefix, self._failed, list(self._watchers)
             if self._left == 0:
                 self._pairs.clear()  # drop the references to the sources
                 callbacks, self._callbacks = self._callbacks, []
             self._cond.notify_all()
+        for watcher in watchers:
+            watcher(prefix, failed)
         for callback in callbacks:
             callback()

@@ -56,6 +56,7 @@ class Snapshot:
     event: Any = None  # torch.cuda.Event or None
     released: Any = None  # torch.cuda.Event: the device-side copy is done (parameters may change)
     lazy: LazyCopies | None = None  # lent host tensors copied behind training (their owner guards writes)
+    lent_offsets: tuple[int, ...] = ()  # image offset of each of ``lazy``'s slots, ascending (its copy order)
 
     def wait_released(self) -> None:
         """Block until the unguarded sources may change (device snapshot: its D2D copy; else every GPU byte).
@@ -83,6 +84,17 @@ class Snapshot:
     def ready(self) -> bool:
         """Whether every byte is in host memory (never blocks)."""
         return (self.event is None or bool(self.event.query())) and (self.lazy is None or self.lazy.done())
+
+    def unlent_ready(self) -> bool:
+        """Whether every byte but the lent slots' is in host memory (never blocks)."""
+        return self.event is None or bool(self.event.query())
+
+    def frontier(self, prefix: int) -> int:
+        """The image offset below which every byte is final once the first ``prefix`` lent slots are copied.
+
+        Meaningful once :meth:`unlent_ready`: the header and every other slot are then final.
+        """
+        return self.lent_offsets[prefix] if prefix < len(self.lent_offsets) else self.layout.size
 
     def on_ready(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when the lent host copies finish (from their thread); nothing without any."""
@@ -172,6 +184,7 @@ class Stager:
         dev = self._device_buffer(tensors, side) if side else None
         on_side = {s.name for s in side}
         later: list[tuple[Any, Any]] = []
+        offsets: list[int] = []  # layout.slots go in offset order, so ``later`` does too
         ranges = _Ranges(lent)
         whole = self._bufs[arena]
         assert whole is not None  # allocated by _image above
@@ -182,6 +195,7 @@ class Stager:
             dst = _view(host, whole[0], layout.data_start, slot)
             if ranges.holds(src):
                 later.append((dst, src))
+                offsets.append(layout.data_start + slot.offset)
             elif slot.name in on_side:
                 with torch.cuda.stream(self._stream):  # with a device buffer: D2D now, D2H below
                     (dst if dev is None else _view(devs, dev, 0, slot)).copy_(src, non_blocking=True)
@@ -203,7 +217,7 @@ class Stager:
         lazy = LazyCopies(later) if later else None
         if lazy is not None:
             self._lazy = [c for c in self._lazy if not c.done()] + [lazy]
-        self.pending = Snapshot(arena, layout, image, event, released, lazy)
+        self.pending = Snapshot(arena, layout, image, event, released, lazy, tuple(offsets))
         return self.pending
 
     def _views_of(self, key: Any, buf: Any, layout: Layout) -> dict[str, Any]:

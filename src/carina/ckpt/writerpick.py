@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from carina.ckpt.forkwrite import ForkWriter
-from carina.ckpt.writers import ProcessWriter, SyncWriter, ThreadWriter, Writer, WriterKind
+from carina.ckpt.procwrite import ProcessWriter
+from carina.ckpt.writers import SyncWriter, ThreadWriter, Writer, WriterKind
 
 __all__ = ["make_writer"]
 

@@ -5,7 +5,7 @@
            forked grandchild writes it (O_DIRECT, fsync), then commits and
            ``_exit``\\ s (carina.ckpt.forkwrite.ForkWriter). Neither touches torch or CUDA.
 ``process`` a persistent spawned process reading a shared-memory arena;
-           only (job, arena name) crosses the pipe.
+           only (job, arena name) crosses the pipe (carina.ckpt.procwrite.ProcessWriter).
 ``thread`` a background thread in the trainer process.
 ``sync``   write before ``save()`` returns (the baseline).
 =========  ==============================================================
@@ -26,7 +26,6 @@ import pickle
 import queue
 import threading
 from abc import ABC, abstractmethod
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
     from carina.ckpt.staging import Snapshot
 
 __all__ = [
-    "ProcessWriter",
     "SyncWriter",
     "ThreadWriter",
     "Writer",
@@ -57,6 +55,10 @@ class WriterKind(enum.Enum):
     THREAD = "thread"
     SYNC = "sync"
 
+
+#: With a watermark (``engine_writer``'s ``ready``), the feeder writes pieces of at least this many bytes.
+PIECE = 4 << 20
+PIECE_ALIGN = 4096  # O_DIRECT: every piece but the file's last ends on a block
 
 #: Steps whose durable time a writer remembers.
 _REMEMBER = 64
@@ -139,7 +141,7 @@ def _engine() -> Any:
     return IOEngine(IOConfig(direct=Direct.AUTO))
 
 
-def engine_writer(engine: Any) -> commit.Writer:
+def engine_writer(engine: Any, ready: Callable[[int], int] | None = None) -> commit.Writer:
     """A :data:`Writer` that moves the bytes through a :class:`carina.io.IOEngine` (O_DIRECT when it can).
 
     Used by the thread, process and sync writers; the forked child keeps to its
@@ -147,7 +149,9 @@ def engine_writer(engine: Any) -> commit.Writer:
     chunks (it blocks whenever the engine's queue depth is full: a state larger than
     ``queue_depth x commit.CHUNK``), so the caller computes the checksums while the disk
     works from the first chunk to the last; the returned function waits for the
-    feeder and the writes, and fsyncs.
+    feeder and the writes, and fsyncs. With ``ready`` (see :func:`carina.ckpt.commit.run_job`)
+    the feeder writes only bytes it has declared final: pieces of at least :data:`PIECE` (or the
+    rest), block-aligned, of at most ``commit.CHUNK``.
     """
 
     def write(path: str, data: memoryview) -> Callable[[], None]:
@@ -157,8 +161,16 @@ def engine_writer(engine: Any) -> commit.Writer:
 
         def feed() -> None:
             try:
-                for off in range(0, len(data), commit.CHUNK):
-                    futures.append(engine.write(handle, off, data[off : off + commit.CHUNK]))
+                off = 0
+                while off < len(data):
+                    end = min(off + commit.CHUNK, len(data))
+                    if ready is not None and end < len(data):  # the last piece may end unaligned
+                        end = min(end, ready(min(off + PIECE, len(data))))
+                        end = end if end == len(data) else end - end % PIECE_ALIGN
+                    elif ready is not None:
+                        ready(end)
+                    futures.append(engine.write(handle, off, data[off:end]))
+                    off = end
             except BaseException as exc:  # noqa: BLE001 - raised by finish() in the caller's thread
                 failed.append(exc)
 
@@ -263,105 +275,6 @@ def unpickle_error(message: bytes, step: int | None) -> BaseException:
     except Exception:  # noqa: BLE001 - not a pickle: the child sent text
         return CheckpointError(f"writer failed: {message.decode(errors='replace')}", key=f"step {step}")
     return exc if isinstance(exc, BaseException) else CheckpointError(str(exc))
-
-
-class ProcessWriter(Writer):
-    """A persistent spawned process writing from shared-memory arenas (see :mod:`carina.ckpt.shm`)."""
-
-    kind = WriterKind.PROCESS
-
-    def __init__(self, nice: int = 0) -> None:
-        import multiprocessing as mp
-
-        super().__init__(nice)
-        ctx = mp.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_process_main, args=(child_conn, nice), name="carina-ckpt-writer", daemon=True)
-        self._proc.start()
-        child_conn.close()
-        self._inflight: deque[tuple[int, int]] = deque()  # (arena, step)
-        self._pending: deque[tuple[CommitJob, Snapshot, Any]] = deque()
-        self._lock = threading.Lock()  # the pipe and queues: a snapshot's copy thread pumps too (on_ready)
-
-    def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
-        if not self._proc.is_alive():
-            raise CheckpointError(f"writer process died (exit code {self._proc.exitcode})", key=f"step {job.step}")
-        with self._lock:
-            self._pending.append((job, snap, handle))
-        self._pump()
-        snap.on_ready(self._pump)  # lent host copies finishing behind training start the write at once
-
-    def _pump(self, block: bool = False) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    return
-                job, snap, handle = self._pending[0]
-                if snap.ready():
-                    self._pending.popleft()
-                    self._conn.send((job, handle.name, snap.arena))
-                    self._inflight.append((snap.arena, job.step))
-                    continue
-            if not block:
-                return
-            snap.wait()  # outside the lock: the copy thread's own pump must get in
-
-    def _collect(self, block: bool) -> None:
-        while True:
-            with self._lock:
-                if not self._inflight or not self._conn.poll(0.05 if block else 0):
-                    if not self._inflight or not block:
-                        return
-                    continue
-                try:
-                    _arena, error, when = self._conn.recv()
-                except (EOFError, OSError):
-                    self._errors.append(CheckpointError(f"writer process died (exit code {self._proc.exitcode})"))
-                    self._inflight.clear()
-                    return
-                _, step = self._inflight.popleft()
-                if error is not None:
-                    self._errors.append(unpickle_error(error, step=step))
-                else:
-                    self._record(step, when)
-
-    def _busy(self) -> set[int]:
-        self._pump()
-        self._collect(block=False)
-        with self._lock:
-            return {a for a, _ in self._inflight} | {snap.arena for _, snap, _ in self._pending}
-
-    def _wait(self) -> None:
-        self._pump(block=True)
-        self._collect(block=True)
-
-    def _close(self) -> None:
-        if self._proc.is_alive():
-            self._conn.send(None)
-            self._proc.join(timeout=30)
-        self._conn.close()
-
-
-def _process_main(conn: Any, nice: int = 0) -> None:
-    from carina.ckpt.shm import attach
-
-    renice(nice, 0)
-    attached: dict[str, Any] = {}
-    engine = _engine()
-    write = engine_writer(engine)
-    while (msg := conn.recv()) is not None:
-        job, name, arena = msg
-        error, when = None, 0.0
-        try:
-            if name not in attached:
-                attached[name] = attach(name)
-            when = run_job(job, memoryview(attached[name].buf), write)
-        except BaseException as exc:  # noqa: BLE001 - sent back to the trainer
-            error = pickle.dumps(exc)
-        conn.send((arena, error, when))
-    engine.close()
-    for shm in attached.values():
-        shm.close()
 
 
 def renice(nice: int, who: int) -> None:
