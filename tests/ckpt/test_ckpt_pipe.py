@@ -251,3 +251,28 @@ def test_streaming_starts_when_a_late_device_copy_ends_unasked(tmp_path: Path, m
             gate.set()
         ckpt.wait()
         assert committed_steps(str(tmp_path)) == [1]
+
+
+@pytest.mark.parametrize("writer", [WriterKind.FORK, WriterKind.THREAD, WriterKind.SYNC])
+def test_a_failed_lent_copy_never_commits_with_any_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: WriterKind
+) -> None:
+    model, opt = _wrapped()
+    gate = threading.Event()
+    gate.set()  # the copy thread fails its last slot at once
+    with Checkpointer(Config(dir=str(tmp_path), writer=writer, keep_last=0)) as ckpt:
+        _two_saves(ckpt, model, opt)
+        monkeypatch.setattr(staging_mod, "LazyCopies", _failing_last(gate))
+        with pytest.raises(CheckpointError, match="snapshot copy failed"):
+            ckpt.save(3, {"model": model, "optim": opt})
+            ckpt.wait()
+        assert committed_steps(str(tmp_path)) == [1, 2]  # step 3's stale slot was never committed
+        monkeypatch.setattr(staging_mod, "LazyCopies", LazyCopies)
+        _step(model, opt, 4)
+        expected = _tensors(model, opt)
+        ckpt.save(4, {"model": model, "optim": opt})  # the writer goes on after the failure
+        ckpt.wait()
+        assert committed_steps(str(tmp_path)) == [1, 2, 4]
+    step, model2, opt2 = _restored(tmp_path)
+    got = _tensors(model2, opt2)
+    assert step == 4 and all(torch.equal(got[k], expected[k]) for k in expected)

@@ -29,6 +29,7 @@ next commit deletes.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from carina.ckpt import commit
 from carina.ckpt.commit import CommitJob, run_job
-from carina.ckpt.writers import Writer, WriterKind, renice, unpickle_error
+from carina.ckpt.writers import Writer, WriterKind, copy_error, renice, unpickle_error
 from carina.core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -162,10 +163,15 @@ class ForkWriter(Writer):
             return
         job, snap = self._pending[0]
         if block:
-            snap.wait()
+            with contextlib.suppress(CheckpointError):  # a failed copy: recorded below, nothing forked
+                snap.wait()
         elif not snap.ready():
             return  # staging still copying: fork only once the arena is complete
         self._pending.popleft()
+        if snap.lazy is not None and snap.lazy.error is not None:  # a lent slot holds stale bytes: never written
+            self._errors.append(copy_error(snap.lazy.error))
+            self._pump(block)  # the next pending snapshot, if any
+            return
         image, arena = snap.view(), snap.arena
         read_fd, write_fd = os.pipe()
         with warnings.catch_warnings():  # the child follows the fork rules: no locks, no threads

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from carina.ckpt.commit import CommitJob, run_job
 from carina.ckpt.progress import ENTRIES, Progress
-from carina.ckpt.writers import Writer, WriterKind, _engine, engine_writer, renice, unpickle_error
+from carina.ckpt.writers import Writer, WriterKind, _engine, copy_error, engine_writer, renice, unpickle_error
 from carina.core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class ProcessWriter(Writer):
         """Hand ``snap`` to the writer process (holding the lock): streamed while its lent copies run."""
         lazy = snap.lazy
         if lazy is not None and lazy.error is not None:
-            self._errors.append(_copy_error(lazy.error))  # never written: its bytes are not the step's
+            self._errors.append(copy_error(lazy.error))  # never written: its bytes are not the step's
             return
         seq = None
         if lazy is not None and not lazy.done():
@@ -112,7 +112,7 @@ class ProcessWriter(Writer):
                     self._copying.append(snap)  # its arena stays busy until the copy thread leaves it
                 if error is not None:
                     cause = snap.lazy.error if snap.lazy is not None else None
-                    self._errors.append(_copy_error(cause) if cause else unpickle_error(error, step=step))
+                    self._errors.append(copy_error(cause) if cause else unpickle_error(error, step=step))
                 else:
                     self._record(step, when)
 
@@ -133,12 +133,6 @@ class ProcessWriter(Writer):
             self._conn.send(None)
             self._proc.join(timeout=30)
         self._conn.close()
-
-
-def _copy_error(cause: BaseException) -> CheckpointError:
-    exc = CheckpointError(f"snapshot copy failed: {cause!r}")
-    exc.__cause__ = cause
-    return exc
 
 
 def _process_main(conn: Any, nice: int = 0, progress: Progress | None = None, parent: int = 0) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "ThreadWriter",
     "Writer",
     "WriterKind",
+    "copy_error",
     "engine_writer",
     "renice",
     "unpickle_error",
@@ -266,6 +267,13 @@ class ThreadWriter(Writer):
         self._queue.put(None)
         self._thread.join()
         self._engine.close()
+
+
+def copy_error(cause: BaseException) -> CheckpointError:
+    """The error a snapshot whose lent host copy failed is reported with (its cause chained)."""
+    exc = CheckpointError(f"snapshot copy failed: {cause!r}")
+    exc.__cause__ = cause
+    return exc
 
 
 def unpickle_error(message: bytes, step: int | None) -> BaseException:
