@@ -136,6 +136,22 @@ def _failing_last(gate: threading.Event) -> Any:
     return _Failing
 
 
+def _save_after_failure(ckpt: Checkpointer, model: Any, opt: Any) -> dict[Any, torch.Tensor]:
+    """Step 4 trained and saved after a failed save: the writer goes on. Returns step 4's tensors."""
+    _step(model, opt, 4)
+    expected = _tensors(model, opt)
+    ckpt.save(4, {"model": model, "optim": opt})
+    ckpt.wait()
+    assert committed_steps(str(ckpt.config.dir)) == [1, 2, 4]
+    return expected
+
+
+def _restores_step_4(root: Path, expected: dict[Any, torch.Tensor]) -> None:
+    step, model2, opt2 = _restored(root)
+    got = _tensors(model2, opt2)
+    assert step == 4 and all(torch.equal(got[k], expected[k]) for k in expected)
+
+
 def test_a_failed_lent_copy_never_commits_and_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model, opt = _wrapped()
     gate = threading.Event()
@@ -156,14 +172,8 @@ def test_a_failed_lent_copy_never_commits_and_is_raised(tmp_path: Path, monkeypa
             ckpt.wait()
         assert committed_steps(str(tmp_path)) == [1, 2]  # step 3 never committed
         monkeypatch.setattr(staging_mod, "LazyCopies", LazyCopies)
-        _step(model, opt, 4)
-        expected = _tensors(model, opt)
-        ckpt.save(4, {"model": model, "optim": opt})  # the writer goes on after the failure
-        ckpt.wait()
-        assert committed_steps(str(tmp_path)) == [1, 2, 4]
-    step, model2, opt2 = _restored(tmp_path)
-    got = _tensors(model2, opt2)
-    assert step == 4 and all(torch.equal(got[k], expected[k]) for k in expected)
+        expected = _save_after_failure(ckpt, model, opt)
+    _restores_step_4(tmp_path, expected)
 
 
 def test_watermark_gate_waits_raises_and_ignores_older_saves() -> None:
@@ -268,11 +278,5 @@ def test_a_failed_lent_copy_never_commits_with_any_writer(
             ckpt.wait()
         assert committed_steps(str(tmp_path)) == [1, 2]  # step 3's stale slot was never committed
         monkeypatch.setattr(staging_mod, "LazyCopies", LazyCopies)
-        _step(model, opt, 4)
-        expected = _tensors(model, opt)
-        ckpt.save(4, {"model": model, "optim": opt})  # the writer goes on after the failure
-        ckpt.wait()
-        assert committed_steps(str(tmp_path)) == [1, 2, 4]
-    step, model2, opt2 = _restored(tmp_path)
-    got = _tensors(model2, opt2)
-    assert step == 4 and all(torch.equal(got[k], expected[k]) for k in expected)
+        expected = _save_after_failure(ckpt, model, opt)
+    _restores_step_4(tmp_path, expected)
