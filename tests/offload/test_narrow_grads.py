@@ -74,14 +74,19 @@ def _prof(**kw) -> ModelProfile:
 HW = Hardware(h2d=10e9, d2h=10e9, optim=1e9, disk=1e9)
 
 
-def test_narrow_gradients_halve_the_download_and_the_updates_gradient_read():
+def test_narrow_gradients_halve_the_download_but_pay_the_upcast_pass():
     plan = (BlockPlan(cast_on_device=True, activation=Action.RECOMPUTE),)
     _, wide = simulate(plan, _prof(), HW, 1)
     _, narrow = simulate(plan, _prof(narrow_grads=True), HW, 1)
-    # float32 master in (4), float32 gradient out (4), AdamW's 28; narrow: 2 out, the update reads 2 of gradient
+    # float32 master in (4), float32 gradient out (4), AdamW's 28; narrow: 2 out, the update reads 2 of
+    # gradient, and the upcast writes its float32 chunk (4) that the update reads back (4)
     assert wide.host_traffic == (4 + 4 + 28) * N
-    assert narrow.host_traffic == (4 + 2 + 26) * N
+    assert narrow.host_traffic == (4 + 2 + 26 + 8) * N
     assert narrow.d2h == pytest.approx(2 * N / HW.d2h) and wide.d2h == pytest.approx(4 * N / HW.d2h)
+    # the update's time: AdamW, plus the upcast as a fold pass of its own
+    assert narrow.cpu_update == pytest.approx(N / HW.optim + N / HW.fold) and wide.cpu_update == pytest.approx(
+        N / HW.optim
+    )
 
 
 @pytest.mark.parametrize(

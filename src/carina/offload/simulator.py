@@ -197,6 +197,9 @@ class _Timeline:
             update, cast_s = numel / self.hw.optim, numel / self.hw.cast if cast else 0.0
             item = _item(nbytes, numel)
             read = self.prof.update_bytes_per_param - (4 - item if narrow else 0)  # its gradient read narrow
+            if narrow:  # the upcast is a pass of its own (no fused kernel reads a narrow gradient): a fold
+                update += numel / self.hw.fold  # pass in time, its float32 chunk written and read back
+                read += 8  # (the H200 in session 9: 2.88 Gparam/s alone against the float32 update's 4.95)
             self.traffic += numel * (read + (4 + item if cast else 0))
             if extra:  # a spilled block's state is read from NVMe into RAM and written back
                 self.traffic += 2 * numel * self.prof.state_bytes_per_param
