@@ -1,4 +1,4 @@
-"""Fill the results tables in docs/*.md and README.md from committed benchmark records.
+"""Fill the results tables in docs/**/*.md and README.md from committed benchmark records.
 
 A page marks a table with ``<!-- results: GLOB -->`` ... ``<!-- /results -->``,
 GLOB relative to benchmarks/results (e.g. ``*/io_*.json``): one row per figure.
@@ -56,7 +56,7 @@ def render_page(text: str) -> str:
 
 def pages() -> list[Path]:
     """Every page that may hold results blocks."""
-    return [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    return [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
 
 
 def main() -> int:
