@@ -3,7 +3,9 @@
 A page marks a table with ``<!-- results: GLOB -->`` ... ``<!-- /results -->``,
 GLOB relative to benchmarks/results (e.g. ``*/io_*.json``): one row per figure.
 ``<!-- rows: FILE metrics.KEY col1,col2 -->`` ... ``<!-- /rows -->`` renders a list of
-dicts stored in one record's metrics (e.g. a node's check report). Run with --check
+dicts stored in one record's metrics (e.g. a node's check report).
+``<!-- goals: docs/goals.toml -->`` ... ``<!-- /goals -->`` renders the issues' goals, each judged
+from the record it names (``tools/goals.py``). Run with --check
 to exit 1 when a page is stale (the test suite does).
 """
 
@@ -14,9 +16,13 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from goals import render_goals  # a sibling script, not a package
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- results: (?P<glob>[^>]+?) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+GOALS = re.compile(r"(<!-- goals: (?P<file>\S+) -->\n)(?P<body>.*?)(<!-- /goals -->)", re.S)
 ROWS = re.compile(
     r"(<!-- rows: (?P<file>\S+) metrics\.(?P<key>\S+) (?P<cols>\S+) -->\n)(?P<body>.*?)(<!-- /rows -->)", re.S
 )
@@ -51,6 +57,7 @@ def render_page(text: str) -> str:
         return f"{match.group(1)}{body}{match.group(4)}"
 
     text = BLOCK.sub(fill, text)
+    text = GOALS.sub(lambda m: f"{m.group(1)}{render_goals(REPO / m['file'])}{m.group(4)}", text)
     return ROWS.sub(lambda m: f"{m.group(1)}{render_rows(m['file'], m['key'], m['cols'].split(','))}{m.group(6)}", text)
 
 

@@ -1,0 +1,115 @@
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("goals", REPO / "tools" / "goals.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["goals"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+goals = _load()
+
+RECORD = {
+    "name": "demo",
+    "figures": [
+        {"name": "tokens_per_s", "value": 17054.0, "ratio_to_ceiling": 0.8784},
+        {"name": "tflops", "value": 300.5},
+    ],
+    "metrics": {"fraction_of_roofline": 0.8949, "nested": {"flag": True, "text": "x"}},
+}
+
+
+def _toml(tmp_path, body: str) -> Path:
+    file = tmp_path / "goals.toml"
+    file.write_text(body)
+    return file
+
+
+def _entry(**over):
+    entry = {
+        "subsystem": "offload",
+        "goal": "demo goal",
+        "record": "m/demo.json",
+        "path": "metrics.fraction_of_roofline",
+        "op": ">=",
+        "target": 0.9,
+    }
+    entry.update(over)
+    return entry
+
+
+@pytest.fixture
+def results(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "demo.json").write_text(json.dumps(RECORD))
+    return tmp_path
+
+
+def test_lookup_reads_metrics_and_figures_by_name():
+    assert goals.lookup(RECORD, "metrics.fraction_of_roofline") == 0.8949
+    assert goals.lookup(RECORD, "figures.tokens_per_s.ratio_to_ceiling") == 0.8784
+    assert goals.lookup(RECORD, "figures.tflops.value") == 300.5
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("metrics.missing", "no key 'missing'"),
+        ("figures.absent.value", "0 list items named 'absent'"),
+        ("metrics.nested.flag", "not a number (True)"),
+        ("metrics.nested.text", "not a number ('x')"),
+    ],
+)
+def test_lookup_names_what_is_wrong(path, why):
+    with pytest.raises(goals.GoalError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        goals.lookup(RECORD, path)
+
+
+def test_judge_applies_the_operator_at_the_boundary(results):
+    assert goals.judge(_entry(target=0.8949), results) == (0.8949, True)
+    assert goals.judge(_entry(target=0.9), results) == (0.8949, False)
+    assert goals.judge(_entry(op="<=", target=0.8949), results)[1] is True
+    assert goals.judge(_entry(op="<", target=0.8949), results)[1] is False
+
+
+def test_judge_refuses_a_missing_record(results):
+    with pytest.raises(goals.GoalError, match=r"no record m/none\.json"):
+        goals.judge(_entry(record="m/none.json"), results)
+
+
+def test_load_goals_rejects_unknown_fields_and_operators(tmp_path):
+    ok = 'subsystem="s"\ngoal="g"\nrecord="r"\npath="p"\ntarget=1\n'
+    with pytest.raises(goals.GoalError, match=r"goal 1: unknown \['colour'\], missing \['op'\]"):
+        goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'colour="red"\n'))
+    with pytest.raises(goals.GoalError, match="op '=>' is not one of"):
+        goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'op="=>"\n'))
+
+
+def test_rendered_status_is_computed_and_a_miss_carries_its_note(tmp_path, results, monkeypatch):
+    monkeypatch.setattr(goals, "REPO", tmp_path)
+    body = (
+        '[[goal]]\nsubsystem="offload"\ngoal="met one"\nrecord="m/demo.json"\n'
+        'path="figures.tokens_per_s.ratio_to_ceiling"\nop=">="\ntarget=0.85\nunit="fraction"\nnote="unused"\n'
+        '[[goal]]\nsubsystem="offload"\ngoal="missed one"\nrecord="m/demo.json"\n'
+        'path="metrics.fraction_of_roofline"\nop=">="\ntarget=0.9\nunit="fraction"\nnote="disk shared"\n'
+    )
+    table = goals.render_goals(_toml(tmp_path, body), results).splitlines()
+    assert table[2] == "| offload | met one | 87.8% | >= 85.0% | met | `m/demo.json` |"
+    assert table[3] == "| offload | missed one | 89.5% | >= 90.0% | **not met**: disk shared | `m/demo.json` |"
+
+
+def test_the_committed_goals_all_resolve_to_numbers():
+    entries = goals.load_goals(REPO / "docs" / "goals.toml")
+    assert entries, "docs/goals.toml lists no goal"
+    for entry in entries:
+        value, _ = goals.judge(entry)
+        assert value == value  # a number, not NaN

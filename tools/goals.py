@@ -1,0 +1,106 @@
+"""The README's goals table: each issue goal, read from a committed record and judged against its target.
+
+``docs/goals.toml`` lists the goals, one ``[[goal]]`` table each::
+
+    [[goal]]
+    subsystem = "offload"
+    goal = "32k tokens/step, fraction of the ideal"
+    record = "h200/s10/offload_s2_7b16l_head4096_32k.json"   # under benchmarks/results
+    path = "metrics.fraction_of_ideal"                        # dotted; figures.NAME picks a figure by name
+    op = ">="                                                 # >=, <=, >, <
+    target = 0.85
+    unit = "fraction"                                         # optional, how the value is shown
+    note = "why it misses, if it does"                        # optional, shown only when not met
+
+A page marks the table with ``<!-- goals: docs/goals.toml -->`` ... ``<!-- /goals -->``;
+``tools/render_docs.py`` fills it. The status column is computed, never typed: a goal is met only
+when the record's number passes its target.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    "<=": operator.le,
+    ">": operator.gt,
+    "<": operator.lt,
+}
+FIELDS = {"subsystem", "goal", "record", "path", "op", "target", "unit", "note"}
+REQUIRED = FIELDS - {"unit", "note"}
+
+
+class GoalError(ValueError):
+    """A goal entry or the record it points at is malformed; says which entry and why."""
+
+
+def lookup(record: Mapping[str, Any], path: str) -> float:
+    """The number at a dotted path of a record; ``figures.NAME.KEY`` selects a figure by its name."""
+    node: Any = record
+    for key in path.split("."):
+        if isinstance(node, list):
+            matches = [item for item in node if isinstance(item, Mapping) and item.get("name") == key]
+            if len(matches) != 1:
+                raise GoalError(f"{path}: {len(matches)} list items named {key!r}")
+            node = matches[0]
+        elif isinstance(node, Mapping) and key in node:
+            node = node[key]
+        else:
+            raise GoalError(f"{path}: no key {key!r}")
+    if isinstance(node, bool) or not isinstance(node, int | float):
+        raise GoalError(f"{path}: not a number ({node!r})")
+    return float(node)
+
+
+def load_goals(file: Path) -> list[dict[str, Any]]:
+    """The goal entries of a TOML file, each checked for its fields and operator."""
+    entries = tomllib.loads(file.read_text()).get("goal", [])
+    for n, entry in enumerate(entries, 1):
+        unknown, missing = set(entry) - FIELDS, REQUIRED - set(entry)
+        if unknown or missing:
+            raise GoalError(f"{file.name} goal {n}: unknown {sorted(unknown)}, missing {sorted(missing)}")
+        if entry["op"] not in OPS:
+            raise GoalError(f"{file.name} goal {n}: op {entry['op']!r} is not one of {sorted(OPS)}")
+    return list(entries)
+
+
+def judge(entry: Mapping[str, Any], results: Path = RESULTS) -> tuple[float, bool]:
+    """The record's value for a goal and whether it passes the target."""
+    file = results / entry["record"]
+    if not file.exists():
+        raise GoalError(f"goal {entry['goal']!r}: no record {entry['record']}")
+    value = lookup(json.loads(file.read_text()), entry["path"])
+    return value, OPS[entry["op"]](value, float(entry["target"]))
+
+
+def _show(value: float, unit: str) -> str:
+    if unit == "fraction":
+        return f"{value:.1%}"
+    text = f"{value:.4g}"
+    return f"{text} {unit}".strip()
+
+
+def render_goals(file: Path, results: Path = RESULTS) -> str:
+    """The markdown table of every goal in ``file``, with its measured value and computed status."""
+    lines = [
+        "| subsystem | goal | measured | target | status | record |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entry in load_goals(file):
+        value, met = judge(entry, results)
+        unit = entry.get("unit", "")
+        status = "met" if met else "**not met**" + (f": {entry['note']}" if entry.get("note") else "")
+        target = f"{entry['op']} {_show(float(entry['target']), unit)}"
+        lines.append(
+            f"| {entry['subsystem']} | {entry['goal']} | {_show(value, unit)} | {target} | {status} | "
+            f"`{entry['record']}` |"
+        )
+    return "\n".join(lines) + f"\n\n_Generated from `{file.relative_to(REPO)}` and the records it names._\n"
