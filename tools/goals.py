@@ -42,19 +42,36 @@ class GoalError(ValueError):
     """A goal entry or the record it points at is malformed; says which entry and why."""
 
 
-def lookup(record: Mapping[str, Any], path: str) -> float:
-    """The number at a dotted path of a record; ``figures.NAME.KEY`` selects a figure by its name."""
-    node: Any = record
-    for key in path.split("."):
+def _step(node: Any, keys: list[str], path: str) -> tuple[Any, int]:
+    """The child of ``node`` that the longest run of ``keys`` names, and how many keys it took.
+
+    Names may hold dots themselves (figure ``pcie_bw.h2d_gbps``, peer ``torch.save``), so the
+    longest run of keys, joined by dots, that names exactly one list item or mapping key wins.
+    """
+    for n in range(len(keys), 0, -1):
+        name = ".".join(keys[:n])
         if isinstance(node, list):
-            matches = [item for item in node if isinstance(item, Mapping) and item.get("name") == key]
-            if len(matches) != 1:
-                raise GoalError(f"{path}: {len(matches)} list items named {key!r}")
-            node = matches[0]
-        elif isinstance(node, Mapping) and key in node:
-            node = node[key]
-        else:
-            raise GoalError(f"{path}: no key {key!r}")
+            matches = [item for item in node if isinstance(item, Mapping) and item.get("name") == name]
+            if len(matches) == 1:
+                return matches[0], n
+        elif isinstance(node, Mapping) and name in node:
+            return node[name], n
+    if isinstance(node, list):
+        count = sum(1 for item in node if isinstance(item, Mapping) and item.get("name") == keys[0])
+        raise GoalError(f"{path}: {count} list items named {keys[0]!r}")
+    raise GoalError(f"{path}: no key {keys[0]!r}")
+
+
+def lookup(record: Mapping[str, Any], path: str) -> float:
+    """The number at a dotted path of a record; ``figures.NAME.KEY`` selects a figure by its name.
+
+    A name with dots in it is matched whole (``figures.pcie_bw.h2d_gbps.value``): see ``_step``.
+    """
+    node: Any = record
+    keys = path.split(".")
+    while keys:
+        node, used = _step(node, keys, path)
+        keys = keys[used:]
     if isinstance(node, bool) or not isinstance(node, int | float):
         raise GoalError(f"{path}: not a number ({node!r})")
     return float(node)

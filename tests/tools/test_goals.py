@@ -60,6 +60,22 @@ def test_lookup_reads_metrics_and_figures_by_name():
     assert goals.lookup(RECORD, "figures.tflops.value") == 300.5
 
 
+def test_lookup_matches_names_that_hold_dots_whole():
+    record = {
+        "figures": [
+            {"name": "pcie_bw", "value": 1.0},
+            {"name": "pcie_bw.h2d_gbps", "value": 53.96, "peers": {"torch.save": {"ratio": 2.5}}},
+        ],
+        "metrics": {"pairs_gt_0.98": 152},
+    }
+    assert goals.lookup(record, "figures.pcie_bw.value") == 1.0
+    assert goals.lookup(record, "figures.pcie_bw.h2d_gbps.value") == 53.96
+    assert goals.lookup(record, "figures.pcie_bw.h2d_gbps.peers.torch.save.ratio") == 2.5
+    assert goals.lookup(record, "metrics.pairs_gt_0.98") == 152.0
+    with pytest.raises(goals.GoalError, match="no key 'torch'"):
+        goals.lookup(record, "figures.pcie_bw.h2d_gbps.peers.torch.load.ratio")
+
+
 @pytest.mark.parametrize(
     ("path", "why"),
     [
