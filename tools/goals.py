@@ -120,4 +120,4 @@ def render_goals(file: Path, results: Path = RESULTS) -> str:
             f"| {entry['subsystem']} | {entry['goal']} | {_show(value, unit)} | {target} | {status} | "
             f"`{entry['record']}` |"
         )
-    return "\n".join(lines) + f"\n\n_Generated from `{file.relative_to(REPO)}` and the records it names._\n"
+    return "\n".join(lines) + f"\n\n_Generated from `{file.resolve().relative_to(REPO)}` and the records it names._\n"
