@@ -13,7 +13,8 @@ the best one that runs here::
         n = eng.read(h, 0, buf).result()
 
 Batched row gathers at ids that may live on the GPU: ``RowGather`` (its
-``auto`` path is GPU-initiated for CUDA destinations, see :mod:`carina.io._rows`).
+``auto`` path is host-initiated wherever it can run, GPU-initiated with ``path="gpu"``;
+see :mod:`carina.io._rows`).
 
 Importing this package loads NumPy but never torch.
 """

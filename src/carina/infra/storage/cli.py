@@ -87,7 +87,7 @@ def serve(
     loop: Annotated[str, typer.Option(help="Event loop: auto, asyncio or uvloop.")] = "auto",
     stats_interval: Annotated[float, typer.Option(help="Seconds between live stats.")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON lines instead of a live line.")] = False,
-    frontends: Annotated[int, typer.Option(help="Front-end processes sharing the port (SO_REUSEPORT).")] = 1,
+    frontends: Annotated[int, typer.Option(help="Front-end processes sharing one store and one listening socket.")] = 1,
 ) -> None:
     """Serve the store over NBD until interrupted (Ctrl-C or SIGTERM), with live stats."""
     from carina.infra.storage.service import run
