@@ -235,3 +235,101 @@ def test_offload_plan_cli_takes_the_head_chunk():
     assert chunked["head_chunk_tokens"] == 4096
     assert chunked["blocks"]["keep"] > plain["blocks"]["keep"]
     assert CliRunner().invoke(app, [*base, "--head-chunk-tokens", "-1"]).exit_code == 2
+
+
+def test_without_a_chunk_the_loss_takes_the_wrapped_models_planned_chunk():
+    from carina.offload.chunkloss import AUTO_CHUNK_TOKENS, chunk_tokens_for
+
+    model = big_vocab_llama()
+    assert chunk_tokens_for(model) == AUTO_CHUNK_TOKENS  # not wrapped
+    assert chunk_tokens_for(model, 7) == 7
+    wrapped, opt = _wrapped(6_600_000, 16)
+    assert co.handle_of(wrapped).config.head_chunk_tokens == 16
+    assert chunk_tokens_for(wrapped) == 16 and chunk_tokens_for(wrapped, 8) == 8
+    ids = token_batches(1)[0] % VOCAB
+    watch = LogitsWatch(VOCAB)
+    with watch:
+        loss = co.chunked_lm_loss(wrapped, ids)  # no chunk given: the Config's 16 tokens
+        loss.backward()
+    opt.step()
+    assert watch.largest == 16 * VOCAB
+    ref = big_vocab_llama()(input_ids=ids, labels=ids).loss  # the same weights, unwrapped, plain head
+    torch.testing.assert_close(loss.detach(), ref.detach(), rtol=1e-6, atol=1e-7)
+    plain_wrapped, _ = _wrapped(6_600_000, 0)
+    assert chunk_tokens_for(plain_wrapped) == AUTO_CHUNK_TOKENS
+
+
+def test_train_cli_head_chunk_tokens_is_the_loss_chunk_and_reaches_the_plan():
+    import json
+
+    from typer.testing import CliRunner
+
+    from carina.cli.app import app
+    from carina.offload.config import OffloadConfig
+    from carina.offload.job import TrainConfig, _loss_chunk, run
+
+    args = ["train", "--model", "tiny", "--steps", "3", "--seq-len", "32", "--device", "cpu", "--lr", "0.01",
+            "--json"]  # fmt: skip
+    runs = {
+        flag: CliRunner().invoke(app, [*args, flag, "24"]) for flag in ("--head-chunk-tokens", "--loss-chunk-tokens")
+    }
+    assert all(r.exit_code == 0 for r in runs.values()), [r.output for r in runs.values()]
+    head, loss = (json.loads(r.stdout)["result"] for r in runs.values())
+    assert head["loss_chunk_tokens"] == loss["loss_chunk_tokens"] == 24
+    assert head["losses"] == loss["losses"]  # one option under two names: the same run, bit for bit
+    # a chunk set in the offload config is the loss's when the loss chunk is left at auto; 0 is the plain loss
+    planned = OffloadConfig(head_chunk_tokens=24)
+    assert _loss_chunk(TrainConfig(model="tiny", offload=planned), 64, 256) == 24
+    assert _loss_chunk(TrainConfig(model="tiny", offload=planned, loss_chunk_tokens=0), 64, 256) == 0
+    assert _loss_chunk(TrainConfig(model="tiny", offload=planned, loss_chunk_tokens=8), 64, 256) == 8
+    assert _loss_chunk(TrainConfig(model="tiny"), 64, 256) == 0  # auto, small logits: the plain loss
+    for loss_chunk, expect in ((-1, 24), (0, 0)):  # what wrap() was told: the chunk the loss runs
+        seen: list[int] = []
+        job = TrainConfig(model="tiny", steps=1, seq_len=32, loss_chunk_tokens=loss_chunk,
+                          offload=OffloadConfig(device="cpu", head_chunk_tokens=24))  # fmt: skip
+        result = run(job, resume=lambda m, o, seen=seen: seen.append(co.handle_of(m).config.head_chunk_tokens) or 0)
+        assert seen == [expect] and result.loss_chunk_tokens == expect
+
+
+def _plan(*extra: str) -> tuple[int, str, dict | None]:
+    import json
+
+    from typer.testing import CliRunner
+
+    from carina.cli.app import app
+
+    base = ["offload", "plan", "--model", "llama2-7b", "--layers", "16"]
+    run = CliRunner().invoke(app, [*base, *extra])
+    return run.exit_code, run.output, json.loads(run.stdout) if "--json" in extra and run.exit_code == 0 else None
+
+
+def test_offload_plan_hints_at_the_chunked_head_when_it_predicts_a_faster_step():
+    _, _, plain = _plan("--tokens", "32768", "--json")
+    _, _, chunked = _plan("--tokens", "32768", "--head-chunk-tokens", "4096", "--json")
+    assert plain is not None and chunked is not None
+    hint = plain["head_chunk_hint"]
+    assert hint == {"head_chunk_tokens": 4096, "predicted_step_s": chunked["predicted_s"]["step"],
+                    "plain_step_s": plain["predicted_s"]["step"], "blocks": chunked["blocks"]}  # fmt: skip
+    assert hint["predicted_step_s"] < hint["plain_step_s"] and hint["blocks"]["keep"] > plain["blocks"]["keep"]
+    assert chunked["head_chunk_hint"] is None  # the user chose the chunk
+    code, text, _ = _plan("--tokens", "32768")
+    assert code == 0 and "hint: the chunked head (--head-chunk-tokens 4096" in " ".join(text.split())
+    # 8k: a hint exactly when the chunked plan is the faster one; 4k: one chunk is the whole micro-batch
+    _, _, plain8 = _plan("--tokens", "8192", "--json")
+    _, _, chunked8 = _plan("--tokens", "8192", "--head-chunk-tokens", "4096", "--json")
+    assert plain8 is not None and chunked8 is not None
+    faster = chunked8["predicted_s"]["step"] < plain8["predicted_s"]["step"]
+    assert (plain8["head_chunk_hint"] is not None) == faster
+    _, _, plain4 = _plan("--tokens", "4096", "--json")
+    assert plain4 is not None and plain4["head_chunk_hint"] is None
+
+
+def test_offload_plan_that_does_not_fit_says_when_the_chunked_head_would():
+    code, text, _ = _plan("--tokens", "32768", "--device-budget", "14GB")
+    flat = " ".join(text.split())
+    assert code == 2 and "head workspace" in flat
+    assert "hint: the chunked head (--head-chunk-tokens 4096" in flat and "where the plain loss does not fit" in flat
+    code, _, fits = _plan("--tokens", "32768", "--device-budget", "14GB", "--head-chunk-tokens", "4096", "--json")
+    assert code == 0 and fits is not None and fits["bytes"]["device_peak"] <= 14e9
+    code, text, _ = _plan("--tokens", "32768", "--device-budget", "4GB")  # fits neither way: no hint
+    assert code == 2 and "hint" not in text

@@ -250,7 +250,7 @@ def main() -> None:
         metrics["ops"] = {op: {"ok": False, "reason": "not installed: deepspeed"} for op in ("cpu_adam", "async_io")}
     else:
         metrics["ops"] = _run_checks(args.aio_dir, args.timeout)
-    metrics["op_rows"] = [  # the ops as a list, for docs/offload.md's rows block
+    metrics["op_rows"] = [  # the ops as a list, for the docs' rows blocks (docs/history/offload.md)
         {"op": op, "ok": r["ok"], "build_and_load_s": round(r.get("build_and_load_s", 0.0), 1),
          "reason": r.get("reason", "")[:300]}
         for op, r in metrics["ops"].items()

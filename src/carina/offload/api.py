@@ -58,6 +58,11 @@ class OffloadHandle:
         self.optimizer = optimizer
 
     @property
+    def config(self) -> OffloadConfig:
+        """The config the model was wrapped with."""
+        return self.runtime.cfg
+
+    @property
     def plan(self) -> Plan | None:
         """The plan in force (None while profiling)."""
         return self.optimizer.plan

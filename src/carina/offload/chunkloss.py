@@ -29,6 +29,7 @@ __all__ = [
     "AUTO_CHUNK_TOKENS",
     "AUTO_LOGITS_BYTES",
     "IGNORE_INDEX",
+    "chunk_tokens_for",
     "chunked_lm_loss",
     "loss_chunk_tokens",
     "shifted_labels",
@@ -51,6 +52,29 @@ def loss_chunk_tokens(setting: int, tokens: int, vocab: int) -> int:
     if setting >= 0:
         return setting
     return AUTO_CHUNK_TOKENS if 4 * tokens * vocab >= AUTO_LOGITS_BYTES and tokens > AUTO_CHUNK_TOKENS else 0
+
+
+def chunk_tokens_for(model: nn.Module, chunk_tokens: int | None = None) -> int:
+    """The chunk :func:`chunked_lm_loss` uses: ``chunk_tokens`` when given, else the model's planned one.
+
+    For a model wrapped by :func:`carina.offload.wrap` with ``Config(head_chunk_tokens=N)``, N > 0, the
+    chunk is N, so the loss and the planner's estimate of the head's workspace agree; otherwise
+    :data:`AUTO_CHUNK_TOKENS`.
+
+    Raises:
+        ConfigError: ``chunk_tokens`` is given and not a positive int.
+    """
+    if chunk_tokens is None:
+        from carina.offload.api import handle_of
+
+        try:
+            planned = handle_of(model).config.head_chunk_tokens
+        except ConfigError:  # not wrapped
+            planned = 0
+        return planned or AUTO_CHUNK_TOKENS
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
+        raise ConfigError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}", key="chunk_tokens")
+    return chunk_tokens
 
 
 def shifted_labels(labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -111,7 +135,7 @@ def chunked_lm_loss(
     input_ids: torch.Tensor,
     labels: torch.Tensor | None = None,
     *,
-    chunk_tokens: int = 4096,
+    chunk_tokens: int | None = None,
     ignore_index: int = IGNORE_INDEX,
     **kwargs: Any,
 ) -> torch.Tensor:
@@ -137,7 +161,8 @@ def chunked_lm_loss(
         input_ids: Token ids, ``(batch, seq)``.
         labels: Targets, the shape of ``input_ids`` (unshifted, as transformers takes them); None: the
             inputs themselves (language modelling).
-        chunk_tokens: Tokens per chunk of the output layer and loss (> 0).
+        chunk_tokens: Tokens per chunk of the output layer and loss (> 0); None: the wrapped model's
+            ``Config.head_chunk_tokens`` when set, else 4096 (:func:`chunk_tokens_for`).
         ignore_index: Label value that is skipped.
         **kwargs: Passed to the model's forward (``attention_mask``, ``position_ids``, ...).
 
@@ -148,8 +173,7 @@ def chunked_lm_loss(
         ConfigError: ``chunk_tokens`` is not a positive int, or ``labels`` has another shape.
         ModelFormatError: The model has no output layer, no base model, or no ``logits_to_keep``.
     """
-    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens <= 0:
-        raise ConfigError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}", key="chunk_tokens")
+    chunk_tokens = chunk_tokens_for(model, chunk_tokens)
     labels = input_ids if labels is None else labels
     if labels.shape != input_ids.shape:
         raise ConfigError(f"labels {tuple(labels.shape)} must have input_ids' shape {tuple(input_ids.shape)}",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from carina.offload.planner import Plan, PlanBudgets
     from carina.offload.simulator import StepTime
+    from carina.offload.splits import Split
 
 app = typer.Typer(help="Profile, plan and inspect offloaded training.", no_args_is_help=True, add_completion=False)
 
@@ -88,13 +92,14 @@ def plan(
     from dataclasses import replace
 
     from carina.core.errors import CarinaError, ConfigError
-    from carina.core.progress import console, emit_json, print_table
-    from carina.memory.tiers import format_bytes, parse_bytes
+    from carina.core.progress import emit_json
+    from carina.memory.tiers import parse_bytes
     from carina.offload.estimate import ShapeEstimate, estimate_profile, nominal_hardware
     from carina.offload.models import model_config, param_count
-    from carina.offload.planner import Plan, PlanBudgets, make_plan
-    from carina.offload.splits import Split, best_split, plan_splits
+    from carina.offload.planner import PlanBudgets, make_plan
+    from carina.offload.splits import best_split, plan_splits
 
+    hint: dict[str, Any] | None = None
     try:
         try:
             budgets = PlanBudgets(
@@ -110,9 +115,9 @@ def plan(
                      cast=cast_gelems * 1e9, fold=fold_gelems * 1e9)  # fmt: skip
         hw = replace(hw, host_mem=_host_bandwidth(host_mem_gbps, hw.optim))
 
-        def plan_for(tokens: int, micro_batches: int) -> Plan:
+        def plan_for(tokens: int, micro_batches: int, chunk: int = head_chunk_tokens) -> Plan:
             staged = micro_batches > 1 or convert_on_host  # host staging only where gradients are folded/added there
-            est = ShapeEstimate(tokens, seq_len, tflops, dtype_bytes, head_chunk_tokens)
+            est = ShapeEstimate(tokens, seq_len, tflops, dtype_bytes, chunk)
             prof = replace(estimate_profile(cfg, est),
                            micro_batches=micro_batches, staging_bytes_per_param=dtype_bytes if staged else 0,
                            fold_on_device=not convert_on_host, rest_cast_on_device=not convert_on_host,
@@ -126,17 +131,41 @@ def plan(
             splits = plan_splits(tokens_per_step, seq_len, plan_for)
             best = best_split(splits)
             tokens, micro_batches = best.tokens, best.micro_batches
-        result = plan_for(tokens, micro_batches)
+        with_chunk = None if head_chunk_tokens else (lambda c: plan_for(tokens, micro_batches, c))
+        try:
+            result = plan_for(tokens, micro_batches)
+        except CarinaError:
+            hint = head_chunk_hint(None, with_chunk, tokens)
+            raise
     except CarinaError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        if hint is not None:  # the plain loss did not fit; the chunked head does
+            typer.secho(_hint_line(hint), err=True)
         raise typer.Exit(2) from None
+    hint = head_chunk_hint(result, with_chunk, tokens)
     summary = {"model": model, "params": param_count(cfg), "basis": "modeled", "tokens": tokens,
-               "micro_batches": micro_batches, "head_chunk_tokens": head_chunk_tokens, **result.summary()}  # fmt: skip
+               "micro_batches": micro_batches, "head_chunk_tokens": head_chunk_tokens, **result.summary(),
+               "head_chunk_hint": hint}  # fmt: skip
     if splits:
         summary["splits"] = [r.row() for r in splits]
     if json_out:
         emit_json(summary)
         return
+    _show(summary, result, budgets, splits, tokens_per_step, hint)
+
+
+def _show(
+    summary: dict[str, Any],
+    result: Plan,
+    budgets: PlanBudgets,
+    splits: list[Split],
+    tokens_per_step: int,
+    hint: dict[str, Any] | None,
+) -> None:
+    """The plan as tables: the splits tried, bytes per tier, the predicted step split, the hint."""
+    from carina.core.progress import console, print_table
+    from carina.memory.tiers import format_bytes
+
     t = result.time
     out = console()
     if splits:
@@ -145,8 +174,8 @@ def plan(
                       "bottleneck": r.plan.time.bottleneck if r.plan else r.reason[:60]} for r in splits],
                     columns=["micro-batches", "tokens each", "step s", "bottleneck"],
                     title=f"splits of {tokens_per_step} tokens per step (the fastest that fits: below)")  # fmt: skip
-    out.print(f"[bold]{model}[/]: {param_count(cfg) / 1e9:.2f}B parameters, {micro_batches} x {tokens} tokens per "
-              "step (modeled)")  # fmt: skip
+    out.print(f"[bold]{summary['model']}[/]: {summary['params'] / 1e9:.2f}B parameters, {summary['micro_batches']} x "
+              f"{summary['tokens']} tokens per step (modeled)")  # fmt: skip
     out.print(result.tier)
     counts = result.counts()
     out.print(
@@ -168,6 +197,41 @@ def plan(
     out.print(_host_line(t))
     print_table([{"resource": k, "seconds": f"{v:.3f}"} for k, v in parts.items()], columns=["resource", "seconds"],
                 title=f"predicted step {t.predicted:.3f} s, bottleneck {t.bottleneck}")  # fmt: skip
+    if hint is not None:
+        out.print(_hint_line(hint))
+
+
+def head_chunk_hint(plain: Plan | None, with_chunk: Callable[[int], Plan] | None, tokens: int) -> dict[str, Any] | None:
+    """The chunked head's plan when it beats the plain loss's (or fits where that did not); else None.
+
+    ``plain`` is the plan with the plain loss (None: it did not fit), ``with_chunk`` plans the same
+    micro-batches with a head chunk (None: the user chose the chunk). Both are modeled.
+    """
+    from carina.core.errors import CarinaError
+    from carina.offload.chunkloss import AUTO_CHUNK_TOKENS
+
+    if with_chunk is None or tokens <= AUTO_CHUNK_TOKENS:
+        return None
+    try:
+        chunked = with_chunk(AUTO_CHUNK_TOKENS)
+    except CarinaError:
+        return None
+    if plain is not None and chunked.time.predicted >= plain.time.predicted:
+        return None
+    return {"head_chunk_tokens": AUTO_CHUNK_TOKENS, "predicted_step_s": chunked.time.predicted,
+            "plain_step_s": None if plain is None else plain.time.predicted, "blocks": chunked.counts()}  # fmt: skip
+
+
+def _hint_line(hint: dict[str, Any]) -> str:
+    n, b = hint["head_chunk_tokens"], hint["blocks"]
+    plain = hint["plain_step_s"]
+    than = "where the plain loss does not fit" if plain is None else f"against {plain:.3f} s"
+    return (
+        f"hint: the chunked head (--head-chunk-tokens {n}; in your loop carina.offload.chunked_lm_loss with "
+        f"Config(head_chunk_tokens={n}); carina train --head-chunk-tokens {n}) predicts "
+        f"{hint['predicted_step_s']:.3f} s {than}: activations keep {b['keep']} / swap {b['swap']} / recompute "
+        f"{b['recompute']} (modeled)"
+    )
 
 
 def _host_bandwidth(gbps: float, optim: float) -> float:

@@ -34,8 +34,11 @@ class TrainConfig(Config):
         seed: Seed of the initialisation and the synthetic tokens.
         data: A text file whose bytes are the tokens (None: synthetic counting sequences).
         loss_chunk_tokens: Tokens per chunk of the loss (:func:`carina.offload.chunked_lm_loss`): -1
-            auto (chunks of 4096 once a micro-batch's float32 logits reach 1 GiB, else the plain loss;
+            auto (``offload.head_chunk_tokens`` when set; else chunks of 4096 once a micro-batch's
+            float32 logits reach 1 GiB, and the plain loss below that;
             :func:`carina.offload.chunkloss.loss_chunk_tokens`), 0 the plain ``model(...).loss``.
+            The chunk used is passed on as ``offload.head_chunk_tokens``, so the plan sizes the
+            head's workspace as the loss runs it.
         offload: The offload config (budgets, policies).
     """
 
@@ -141,7 +144,7 @@ def run(
     import torch
 
     from carina.offload.api import handle_of, wrap
-    from carina.offload.chunkloss import chunked_lm_loss, loss_chunk_tokens
+    from carina.offload.chunkloss import chunked_lm_loss
     from carina.offload.models import build_model, model_config
 
     shape = model_config(cfg.model)
@@ -153,9 +156,8 @@ def run(
     tokens = cfg.micro_batch * cfg.seq_len
     if not offload.micro_batch_tokens:  # the micro-batch is known here: resident mode can be planned
         offload = replace(offload, micro_batch_tokens=tokens)
-    chunk = loss_chunk_tokens(cfg.loss_chunk_tokens, tokens, shape.vocab_size)
-    if chunk and not offload.head_chunk_tokens:
-        offload = replace(offload, head_chunk_tokens=chunk)
+    chunk = _loss_chunk(cfg, tokens, shape.vocab_size)
+    offload = replace(offload, head_chunk_tokens=chunk)  # the planner sizes the head as the loss runs it
     model, opt = wrap(model, offload, optimizer=user_opt)
     handle = handle_of(model)
     device = handle.runtime.device
@@ -190,6 +192,20 @@ def run(
     result = _result(cfg, handle, reports, params, model_bytes, moved_after_profile)
     result.loss_chunk_tokens = chunk
     return result
+
+
+def _loss_chunk(cfg: TrainConfig, tokens: int, vocab: int) -> int:
+    """Tokens per chunk of the loss (0: the plain loss).
+
+    ``loss_chunk_tokens`` decides; left at auto (-1), a ``head_chunk_tokens`` set in the offload
+    config is taken as the chunk, else auto decides by the logits' size.
+    """
+    from carina.offload.chunkloss import loss_chunk_tokens
+
+    setting = cfg.loss_chunk_tokens
+    if setting == -1 and cfg.offload.head_chunk_tokens:
+        setting = cfg.offload.head_chunk_tokens
+    return loss_chunk_tokens(setting, tokens, vocab)
 
 
 def _result(

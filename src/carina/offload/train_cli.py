@@ -68,8 +68,11 @@ def train(
     loss_chunk_tokens: Annotated[
         int | None,
         typer.Option(
-            help="Tokens per chunk of the loss (carina.offload.chunked_lm_loss): -1 auto (chunks of "
-            "4096 once a micro-batch's float32 logits reach 1 GiB), 0 the plain loss."
+            "--head-chunk-tokens",
+            "--loss-chunk-tokens",
+            help="Tokens per chunk of the head and loss (carina.offload.chunked_lm_loss; the plan sizes the "
+            "head's workspace as one chunk's): -1 auto (chunks of 4096 once a micro-batch's float32 logits "
+            "reach 1 GiB), 0 the plain loss.",
         ),
     ] = None,
     disagg: Annotated[
