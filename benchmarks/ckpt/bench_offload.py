@@ -14,6 +14,14 @@ then a few clean steps, then the next method. Per method:
 - ``bytes_written`` (the files of the timed save as they lie on disk), ``durable_bound_s`` =
   1.2 x bytes_written / disk bw + 0.5 s (issue 7's goal) and ``within_bound``.
 
+With ``--probe-same``, a warm method's untimed save is followed by a disk probe of its size in its folder
+(write_probe.py: written like a carina writer writes, fsynced, deleted), then one more training step, then
+the timed save: each row gets the bound from that same-size write (``durable_bound_same_s``,
+``within_bound_same``) and, for carina writers, where the save's time went by its writer's timeline
+(``write_GBps``, the waits, ``limit``); ``metrics.writes`` keeps both timelines and their rates per 4 GiB.
+The peers delete their previous save once the new one is durable, outside every timing (as carina's
+writers do after their commit; up to session 10 the peers deleted it inside their timed save).
+
 The disk bw is probed in the checkpoint directory in the same run, as bench_fork_write.py
 does without fio (``bench_stall.write_passes``: an untimed pass, then 3 timed passes of
 ``--probe-mb`` O_DIRECT writes, each fsynced): once before the model is built, once after
@@ -49,6 +57,7 @@ from ckpt_methods import make_method, saved_bytes
 from ckpt_workload import PeakMemory
 from offload_fit import fit_model
 from stall_record import env
+from write_probe import same_size_probe, window_rates, writer_row
 
 from carina.core.bench import Figure, make_record, write_record
 
@@ -77,9 +86,12 @@ class Driver:
     """Cycles the methods through warm-up save, timed save, clean steps (as ``after_step``)."""
 
     def __init__(self, methods: list[str], root: Path, warmup: int, settle: int, deadline_s: float,
-                 cold: tuple[str, ...] = (), budget_s: float = 0, on_close: Any = None) -> None:  # fmt: skip
+                 cold: tuple[str, ...] = (), budget_s: float = 0, on_close: Any = None,
+                 probe_same: bool = False) -> None:  # fmt: skip
         self.todo, self.root, self.warmup, self.settle = list(methods), root, warmup, settle
         self.deadline_s, self.cold, self.budget_s, self.on_close = deadline_s, cold, budget_s, on_close
+        self.probe_same, self.probed = probe_same, None
+        self.t_mono = 0.0
         self.t0 = time.perf_counter()
         self.skipped: list[str] = []
         self.model: Any = None
@@ -106,10 +118,15 @@ class Driver:
         if self.method is None:
             self._next()
         elif self.phase == "warm" and self.method.done():
-            self.phase, self.t_save = "timed", time.time()
+            if self.probe_same and self.probed is None and self.method.name not in self.cold:
+                self.probed = same_size_probe(self.root / self.method.name, saved_bytes(self.method.saved(0)))
+                return  # one training step between the probe's deletion and the timed save
+            self.phase, self.t_save, self.t_mono = "timed", time.time(), time.monotonic()
             tb = time.perf_counter()
             self.method.start(done)
             self.results[self.method.name] = {"blocking_s": time.perf_counter() - tb, "step": done}
+            if self.probed is not None:
+                self.results[self.method.name]["same_size"], self.probed = self.probed, None
             if self.method.done():  # a synchronous method: durable when save returns
                 self.results[self.method.name]["durable_s"] = time.time() - self.t_save
                 self.results[self.method.name]["bytes_written"] = saved_bytes(self.method.saved(done))
@@ -122,6 +139,8 @@ class Driver:
                 res["bytes_written"] = saved_bytes(self.method.saved(res["step"]))
                 if hasattr(self.method, "ckpt"):  # lent host state: slots copied behind training, by a guard first
                     res["lent_slots"], res["guard_copied_slots"] = self.method.ckpt.lent_copies()
+                    self._timeline(res)
+                self.method.retire()  # the previous save, outside every timing
                 self.phase, self.left = "clean", self.settle
             elif time.time() - self.t_save > self.deadline_s:
                 res["error"] = f"not durable after {self.deadline_s:.0f} s"
@@ -142,9 +161,16 @@ class Driver:
         sub.mkdir(parents=True, exist_ok=True)
         self.mem = PeakMemory().__enter__()
         self.method = make_method(name, sub, self.model, self.opt)
+        self.method.prune_in_start = False
         if name not in self.cold:
             self.method.start(0)  # untimed: arenas, the writer process
         self.phase = "warm"
+
+    def _timeline(self, res: dict[str, Any]) -> None:
+        """The carina writer's timeline of the timed save (None for fork), and when it took the job."""
+        tl = self.method.ckpt.write_timeline(res["step"])
+        if tl is not None:
+            res["timeline"], res["received_s"] = tl, tl["t0"] - self.t_mono
 
     def _close(self) -> None:
         name = self.method.name
@@ -171,6 +197,8 @@ class Driver:
             row["warm_save"] = name not in self.cold
             if "bytes_written" in res:
                 row.update(bound_row(res.get("durable_s"), res["bytes_written"], bw))
+                row.update(writer_row(res.get("durable_s"), res["bytes_written"], res.get("timeline"),
+                                      res.get("received_s"), res.get("same_size")))  # fmt: skip
             if "error" in res:
                 row["error"] = res["error"]
             rows.append(row)
@@ -200,6 +228,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=0, help="start no method after this many seconds")
     ap.add_argument("--probe-mb", type=int, default=4096,
                     help="disk probe: MiB per timed pass, a multiple of 64 (0: no probe, no bound)")  # fmt: skip
+    ap.add_argument("--probe-same", action="store_true",
+                    help="before each warm method's timed save, probe the disk with a write of its size")  # fmt: skip
     args = ap.parse_args()
     if args.probe_mb < 0 or args.probe_mb % 64:
         raise SystemExit(f"--probe-mb {args.probe_mb}: a multiple of 64 (its writes are 64 MiB each), or 0")
@@ -216,7 +246,8 @@ def main() -> None:
         args.fit = fit.summary()
         print("shape:", args.fit, file=sys.stderr, flush=True)
     driver = Driver(methods, root, args.warmup, args.settle, args.deadline_s, cold, args.budget_s,
-                    on_close=lambda: write(args, driver, time.perf_counter() - t0))  # fmt: skip
+                    on_close=lambda: write(args, driver, time.perf_counter() - t0),
+                    probe_same=args.probe_same)  # fmt: skip
     offload = OffloadConfig(device=args.device, device_budget=parse_bytes(args.budget))
     cfg = TrainConfig(model=model, steps=args.warmup + 400 * len(methods), micro_batch=args.micro_batch,
                       seq_len=args.seq_len, offload=offload)  # fmt: skip
@@ -239,6 +270,21 @@ def probe(args: Any, root: Path, when: str) -> None:
         print(f"disk probe {when}:", [round(r / 1e9, 3) for r in args.probe[when]], "GB/s", file=sys.stderr, flush=True)
 
 
+def writes(driver: Driver, window: int = 4 << 30) -> list[dict[str, Any]]:
+    """``metrics.writes``: per method with a same-size probe or a writer timeline, both kept, and each one's
+    rate (GB/s) over every ``window`` bytes written (the probe's ``written`` stream, the writer's)."""
+    out = []
+    for name, res in driver.results.items():
+        probe, tl = res.get("same_size"), res.get("timeline")
+        if probe is None and tl is None:
+            continue
+        rates = {k: window_rates(t["streams"]["written"], window) if t and "written" in t["streams"] else None
+                 for k, t in (("probe", probe and probe["timeline"]), ("writer", tl))}  # fmt: skip
+        out.append({"method": name, "window_GiB": window >> 30, "probe_GBps_by_window": rates["probe"],
+                    "writer_GBps_by_window": rates["writer"], "same_size_probe": probe, "timeline": tl})  # fmt: skip
+    return out
+
+
 def write(args: Any, driver: Driver, wall_s: float) -> None:
     disk = probe_metrics(args.probe, args.probe_mb << 20)
     bw = disk["best_Bps"]
@@ -253,17 +299,18 @@ def write(args: Any, driver: Driver, wall_s: float) -> None:
                                   peers=peers, ceiling_source="none (0 s)"))  # fmt: skip
     durable = {r["method"]: r["durable_s"] for r in rows if r.get("durable_s")}
     for r in rows:
-        if bw and r["method"].startswith("carina-") and r.get("durable_s"):
+        rate, source = (r["same_size_GBps"] * 1e9, "same-size probe") if "same_size_GBps" in r else (bw, "best pass")
+        if rate and r["method"].startswith("carina-") and r.get("durable_s"):
             figures.append(Figure(name=f"time_to_durable_{r['method'].removeprefix('carina-')}", value=r["durable_s"],
-                                  unit="s", higher_is_better=False, ceiling=round(r["bytes_written"] / bw, 4),
-                                  ceiling_source=f"bytes written / best disk probe pass ({bw / 1e9:.3f} GB/s)",
+                                  unit="s", higher_is_better=False, ceiling=round(r["bytes_written"] / rate, 4),
+                                  ceiling_source=f"bytes written / disk probe, {source} ({rate / 1e9:.3f} GB/s)",
                                   peers={p: v for p, v in durable.items() if p != r["method"]}))  # fmt: skip
     clean = [s for s, label in driver.steps if label == "clean"]
     metrics = {"summary": rows, "params": params, "state_bytes": state, "step_s_median": statistics.median(clean)
                if clean else None, "steps": driver.steps, "wall_s": wall_s, "shape": args.fit,
-               "disk_probe": disk, "disk_write_Bps": bw}  # fmt: skip
+               "disk_probe": disk, "disk_write_Bps": bw, "writes": writes(driver)}  # fmt: skip
     cfg = {k: getattr(args, k) for k in ("model", "device", "budget", "micro_batch", "seq_len", "methods", "warmup",
-                                          "layers", "cold", "budget_s", "probe_mb")}  # fmt: skip
+                                          "layers", "cold", "budget_s", "probe_mb", "probe_same")}  # fmt: skip
     shape = args.model if args.fit is None else f"{args.model} shape at {args.fit['layers']} layers"
     notes = (f"carina.offload run ({shape}, {params / 1e9:.2f}B params, device budget {args.budget}, "
              f"{args.micro_batch}x{args.seq_len} tokens per step) checkpointed by each method in turn in one "
@@ -273,7 +320,16 @@ def write(args: Any, driver: Driver, wall_s: float) -> None:
              "metadata); durable_bound_s = 1.2 x bytes_written / disk bw + 0.5 s, disk bw = the best pass of "
              "the disk probes in the checkpoint directory (metrics.disk_probe: carina.io O_DIRECT writes of "
              f"{args.probe_mb} MiB each fsynced, an untimed 64 MiB pass then 3 timed ones, before the model is "
-             "built and again after the last method; the bound uses the best pass of both).")  # fmt: skip
+             "built and again after the last method; the bound uses the best pass of both). The peers delete "
+             "their previous save once the new one is durable, outside every timing.")  # fmt: skip
+    if args.probe_same:
+        notes += (
+            " Same-size probe (write_probe.py): after each warm method's untimed save, its bytes written "
+            "again as one new file in its folder (carina.io, O_DIRECT, 64 MiB requests of random bytes, "
+            "fsynced, then deleted), one training step, then the timed save; durable_bound_same_s = 1.2 x "
+            "bytes_written / that probe's rate + 0.5 s; limit = what held the writer's write phase back "
+            "(write_probe.attribute); metrics.writes keeps the probe's and the writer's timelines."
+        )
     name = args.name or f"ckpt_offload_{args.device}"
     rec = make_record(name=name, figures=figures, config=cfg, metrics=metrics, notes=notes, environment=env())
     print(write_record(rec), file=sys.stderr, flush=True)

@@ -3,7 +3,11 @@
 ``start(step)`` saves (blocking for what the method blocks for), ``done()`` says
 whether the last save is durable (never blocks), ``durable_at()`` gives the wall
 time its commit marker appeared (None: when ``done()`` saw it), ``saved(step)``
-where that step's save lies, ``close()`` finishes. ``carina-<writer>`` is a
+where that step's save lies, ``close()`` finishes. The peers delete their older
+saves inside ``start()`` (``prune_in_start``, as every record up to session 10 ran
+them, so that deletion counts in their blocking time); with ``prune_in_start = False``
+a driver calls ``retire()`` once a save is durable, outside its timings, as carina's
+writers delete theirs after the commit. ``carina-<writer>`` is a
 :class:`carina.ckpt.Checkpointer`; the peers are ``torch.save`` (+fsync, rename),
 ``dcp.save``, ``dcp.async_save`` (thread mode) and ``dcp.async_process`` (process
 mode), each with its default stager.
@@ -22,9 +26,19 @@ import torch
 
 class TorchSave:
     name = "torch.save"
+    prune_in_start = True
 
     def __init__(self, root: Path, model: Any, opt: Any) -> None:
         self.root, self.model, self.opt = root, model, opt
+
+    def retire(self) -> None:
+        """Delete every save but the newest (``*.pt``, ``dcp_*``), outside any timing."""
+        saves = [*self.root.glob("*.pt"), *self.root.glob("dcp_*")]
+        for old in sorted(saves, key=lambda p: int(p.name.removeprefix("dcp_").removesuffix(".pt")))[:-1]:
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
 
     def start(self, step: int) -> None:
         tmp, final = self.root / f"{step}.pt.tmp", self.root / f"{step}.pt"
@@ -36,7 +50,7 @@ class TorchSave:
         fd = os.open(self.root, os.O_RDONLY)
         os.fsync(fd)
         os.close(fd)
-        for old in self.root.glob("*.pt"):
+        for old in self.root.glob("*.pt") if self.prune_in_start else ():
             if old != final:
                 old.unlink()
 
@@ -63,7 +77,7 @@ class DcpSave(TorchSave):
 
         path = self.root / f"dcp_{step}"
         self.last = path
-        for old in self.root.glob("dcp_*"):
+        for old in self.root.glob("dcp_*") if self.prune_in_start else ():
             shutil.rmtree(old)
         sd = {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
         return sd, {"checkpoint_id": str(path), "storage_writer": FileSystemWriter(str(path), sync_files=True)}
@@ -146,6 +160,9 @@ class Carina:
 
     def durable_at(self) -> float:
         return (Path(self.ckpt.config.dir) / "latest").stat().st_mtime  # replaced last in the commit
+
+    def retire(self) -> None:
+        return None  # the writer deleted older saves after its commit
 
     def saved(self, step: int) -> Path:
         from carina.ckpt.commit import step_dir_name

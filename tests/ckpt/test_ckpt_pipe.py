@@ -103,6 +103,11 @@ def test_process_writer_overlaps_lent_copies_and_restores_bitwise(
             gate.set()
         ckpt.wait()
         assert committed_steps(str(tmp_path)) == [1, 2, 3]
+        timeline = ckpt.write_timeline(3)
+    size = os.path.getsize(tmp_path / commit_mod.step_dir_name(3) / "rank00000.safetensors")
+    assert timeline is not None and "copies_done" not in timeline["phases"]  # it streamed, never waited for all
+    frontier = [v for _, v in timeline["streams"]["frontier"]]
+    assert frontier[0] < size == frontier[-1] == timeline["streams"]["written"][-1][1]  # wrote behind the copies
     step, model2, opt2 = _restored(tmp_path)  # every checksum verified first
     got = _tensors(model2, opt2)
     assert step == 3 and got.keys() == expected.keys()

@@ -183,6 +183,10 @@ class Checkpointer:
         """
         return self._writer.durable_at(step)
 
+    def write_timeline(self, step: int) -> dict[str, Any] | None:
+        """How the save of ``step`` was written, over time (:mod:`carina.ckpt.timeline`); None for ``fork``."""
+        return self._writer.timeline(step)
+
     def wait(self) -> None:
         """Block until every save is committed.
 

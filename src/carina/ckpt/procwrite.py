@@ -19,9 +19,10 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from carina.ckpt.commit import CommitJob, run_job
+from carina.ckpt.commit import CommitJob
 from carina.ckpt.progress import ENTRIES, Progress
-from carina.ckpt.writers import Writer, WriterKind, _engine, copy_error, engine_writer, renice, unpickle_error
+from carina.ckpt.timeline import Timeline
+from carina.ckpt.writers import Writer, WriterKind, _engine, copy_error, renice, timed_job, unpickle_error
 from carina.core.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class ProcessWriter(Writer):
                         return
                     continue
                 try:
-                    _arena, error, when = self._conn.recv()
+                    _arena, error, when, timeline = self._conn.recv()
                 except (EOFError, OSError):
                     self._errors.append(CheckpointError(f"writer process died (exit code {self._proc.exitcode})"))
                     self._inflight.clear()
@@ -114,7 +115,7 @@ class ProcessWriter(Writer):
                     cause = snap.lazy.error if snap.lazy is not None else None
                     self._errors.append(copy_error(cause) if cause else unpickle_error(error, step=step))
                 else:
-                    self._record(step, when)
+                    self._record(step, when, timeline)
 
     def _busy(self) -> set[int]:
         self._pump()
@@ -143,15 +144,15 @@ def _process_main(conn: Any, nice: int = 0, progress: Progress | None = None, pa
     engine = _engine()
     while (msg := conn.recv()) is not None:
         job, name, arena, seq = msg
-        error, when = None, 0.0
+        error, when, timeline = None, 0.0, Timeline()
         try:
             if name not in attached:
                 attached[name] = attach(name)
             ready = None if seq is None or progress is None else progress.gate(arena, seq, parent)
-            when = run_job(job, memoryview(attached[name].buf), engine_writer(engine, ready), ready)
+            when, record = timed_job(job, memoryview(attached[name].buf), engine, ready, timeline)
         except BaseException as exc:  # noqa: BLE001 - sent back to the trainer
-            error = pickle.dumps(exc)
-        conn.send((arena, error, when))
+            error, record = pickle.dumps(exc), None
+        conn.send((arena, error, when, record))
     engine.close()
     for shm in attached.values():
         shm.close()

@@ -25,12 +25,14 @@ import os
 import pickle
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from carina.ckpt import commit
 from carina.ckpt.commit import CommitJob, run_job
+from carina.ckpt.timeline import Timeline
 from carina.core.errors import CarinaError, CheckpointError
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ __all__ = [
     "copy_error",
     "engine_writer",
     "renice",
+    "timed_job",
     "unpickle_error",
 ]
 
@@ -73,6 +76,7 @@ class Writer(ABC):
     def __init__(self, nice: int = 0) -> None:
         self._errors: list[BaseException] = []
         self._durable: dict[int, float] = {}
+        self._timelines: dict[int, dict[str, Any]] = {}
         self.nice = nice  # added to the writer's own niceness where it runs apart from the trainer
 
     def durable_at(self, step: int) -> float | None:
@@ -80,10 +84,18 @@ class Writer(ABC):
         self._busy()
         return self._durable.get(step)
 
-    def _record(self, step: int, when: float) -> None:
+    def timeline(self, step: int) -> dict[str, Any] | None:
+        """How ``step`` was written (:meth:`carina.ckpt.timeline.Timeline.to_dict`) if a recent job kept one."""
+        self._busy()
+        return self._timelines.get(step)
+
+    def _record(self, step: int, when: float, timeline: dict[str, Any] | None = None) -> None:
         self._durable[step] = when
-        while len(self._durable) > _REMEMBER:
-            del self._durable[next(iter(self._durable))]
+        if timeline is not None:
+            self._timelines[step] = timeline
+        for kept in (self._durable, self._timelines):
+            while len(kept) > _REMEMBER:
+                del kept[next(iter(kept))]
 
     def submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
         """Queue ``job`` for the staged ``snap``; its arena must stay unchanged until done.
@@ -142,7 +154,9 @@ def _engine() -> Any:
     return IOEngine(IOConfig(direct=Direct.AUTO))
 
 
-def engine_writer(engine: Any, ready: Callable[[int], int] | None = None) -> commit.Writer:
+def engine_writer(
+    engine: Any, ready: Callable[[int], int] | None = None, timeline: Timeline | None = None
+) -> commit.Writer:
     """A :data:`Writer` that moves the bytes through a :class:`carina.io.IOEngine` (O_DIRECT when it can).
 
     Used by the thread, process and sync writers; the forked child keeps to its
@@ -152,8 +166,11 @@ def engine_writer(engine: Any, ready: Callable[[int], int] | None = None) -> com
     works from the first chunk to the last; the returned function waits for the
     feeder and the writes, and fsyncs. With ``ready`` (see :func:`carina.ckpt.commit.run_job`)
     the feeder writes only bytes it has declared final: pieces of at least :data:`PIECE` (or the
-    rest), block-aligned, of at most ``commit.CHUNK``.
+    rest), block-aligned, of at most ``commit.CHUNK``. A ``timeline`` gets the bytes submitted and
+    written, the feeder's waits and the ``checksummed`` and ``fsynced`` phases.
     """
+    tl = timeline if timeline is not None else Timeline()
+    gate = ready if ready is None else tl.gate(ready, None, "feed_frontier")
 
     def write(path: str, data: memoryview) -> Callable[[], None]:
         handle = engine.open(path, "w", size=len(data))
@@ -165,12 +182,17 @@ def engine_writer(engine: Any, ready: Callable[[int], int] | None = None) -> com
                 off = 0
                 while off < len(data):
                     end = min(off + commit.CHUNK, len(data))
-                    if ready is not None and end < len(data):  # the last piece may end unaligned
-                        end = min(end, ready(min(off + PIECE, len(data))))
+                    if gate is not None and end < len(data):  # the last piece may end unaligned
+                        end = min(end, gate(min(off + PIECE, len(data))))
                         end = end if end == len(data) else end - end % PIECE_ALIGN
-                    elif ready is not None:
-                        ready(end)
-                    futures.append(engine.write(handle, off, data[off:end]))
+                    elif gate is not None:
+                        gate(end)
+                    start = time.monotonic()
+                    fut = engine.write(handle, off, data[off:end])
+                    tl.waited("feed_queue", time.monotonic() - start)
+                    fut.add_done_callback(_counted(tl, end - off))
+                    futures.append(fut)
+                    tl.mark("submitted", end)
                     off = end
             except BaseException as exc:  # noqa: BLE001 - raised by finish() in the caller's thread
                 failed.append(exc)
@@ -179,6 +201,7 @@ def engine_writer(engine: Any, ready: Callable[[int], int] | None = None) -> com
         feeder.start()
 
         def finish() -> None:
+            tl.phase("checksummed")  # run_job finishes once every checksum is computed
             try:
                 feeder.join()
                 for fut in futures:
@@ -187,12 +210,35 @@ def engine_writer(engine: Any, ready: Callable[[int], int] | None = None) -> com
                     raise failed[0]
                 commit.fault_phase("data_chunk")
                 engine.fsync(handle)
+                tl.phase("fsynced")
             finally:
                 engine.close_file(handle)
 
         return finish
 
     return write
+
+
+def timed_job(
+    job: CommitJob, image: memoryview, engine: Any, ready: Callable[[int], int] | None = None,
+    timeline: Timeline | None = None,
+) -> tuple[float, dict[str, Any]]:  # fmt: skip
+    """:func:`carina.ckpt.commit.run_job` through :func:`engine_writer`: (durable time, its timeline's record)."""
+    tl = timeline if timeline is not None else Timeline()
+    when = run_job(job, image, engine_writer(engine, ready, tl), tl.gate(ready, "checksummed", "crc_frontier"))
+    tl.phase("durable", when)
+    tl.phase("done")
+    return when, tl.to_dict()
+
+
+def _counted(timeline: Timeline, nbytes: int) -> Callable[[Any], None]:
+    """A write's completion callback: its ``nbytes`` count as ``written`` if it succeeded."""
+
+    def done(fut: Any) -> None:
+        if fut.exception() is None:
+            timeline.add("written", nbytes)
+
+    return done
 
 
 class SyncWriter(Writer):
@@ -205,8 +251,10 @@ class SyncWriter(Writer):
         self._engine = _engine()
 
     def _submit(self, job: CommitJob, snap: Snapshot, handle: Any) -> None:
+        tl = Timeline()
         snap.wait()
-        self._record(job.step, run_job(job, snap.view(), engine_writer(self._engine)))
+        tl.phase("copies_done")
+        self._record(job.step, *timed_job(job, snap.view(), self._engine, timeline=tl))
 
     def _close(self) -> None:
         self._engine.close()
@@ -238,10 +286,12 @@ class ThreadWriter(Writer):
             job, snap = item
             arena = snap.arena
             try:
+                tl = Timeline()
                 snap.wait()
-                when = run_job(job, snap.view(), engine_writer(self._engine))
+                tl.phase("copies_done")
+                when, record = timed_job(job, snap.view(), self._engine, timeline=tl)
                 with self._lock:
-                    self._record(job.step, when)
+                    self._record(job.step, when, record)
             except BaseException as exc:  # noqa: BLE001 - kept and raised at the next check()
                 with self._lock:
                     self._errors.append(exc)
