@@ -8,7 +8,7 @@
     record = "h200/s10/offload_s2_7b16l_head4096_32k.json"   # under benchmarks/results
     path = "metrics.fraction_of_ideal"                        # dotted; figures.NAME picks a figure by name
     op = ">="                                                 # >=, <=, >, <
-    target = 0.85
+    target = 0.85                                             # or target_path = "metrics..." (same record)
     unit = "fraction"                                         # optional, how the value is shown
     note = "why it misses, if it does"                        # optional, shown only when not met
 
@@ -34,12 +34,17 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     "<": operator.lt,
 }
-FIELDS = {"subsystem", "goal", "record", "path", "op", "target", "unit", "note"}
-REQUIRED = FIELDS - {"unit", "note"}
+FIELDS = {"subsystem", "goal", "record", "path", "op", "target", "target_path", "unit", "note"}
+REQUIRED = FIELDS - {"unit", "note", "target", "target_path"}
+NAME_KEYS = ("name", "method")  # what names a list item: a figure's name, a summary row's method
 
 
 class GoalError(ValueError):
     """A goal entry or the record it points at is malformed; says which entry and why."""
+
+
+def _named(item: Any, name: str) -> bool:
+    return isinstance(item, Mapping) and any(item.get(key) == name for key in NAME_KEYS)
 
 
 def _step(node: Any, keys: list[str], path: str) -> tuple[Any, int]:
@@ -51,13 +56,13 @@ def _step(node: Any, keys: list[str], path: str) -> tuple[Any, int]:
     for n in range(len(keys), 0, -1):
         name = ".".join(keys[:n])
         if isinstance(node, list):
-            matches = [item for item in node if isinstance(item, Mapping) and item.get("name") == name]
+            matches = [item for item in node if _named(item, name)]
             if len(matches) == 1:
                 return matches[0], n
         elif isinstance(node, Mapping) and name in node:
             return node[name], n
     if isinstance(node, list):
-        count = sum(1 for item in node if isinstance(item, Mapping) and item.get("name") == keys[0])
+        count = sum(1 for item in node if _named(item, keys[0]))
         raise GoalError(f"{path}: {count} list items named {keys[0]!r}")
     raise GoalError(f"{path}: no key {keys[0]!r}")
 
@@ -84,18 +89,22 @@ def load_goals(file: Path) -> list[dict[str, Any]]:
         unknown, missing = set(entry) - FIELDS, REQUIRED - set(entry)
         if unknown or missing:
             raise GoalError(f"{file.name} goal {n}: unknown {sorted(unknown)}, missing {sorted(missing)}")
+        if ("target" in entry) == ("target_path" in entry):
+            raise GoalError(f"{file.name} goal {n}: give exactly one of target and target_path")
         if entry["op"] not in OPS:
             raise GoalError(f"{file.name} goal {n}: op {entry['op']!r} is not one of {sorted(OPS)}")
     return list(entries)
 
 
-def judge(entry: Mapping[str, Any], results: Path = RESULTS) -> tuple[float, bool]:
-    """The record's value for a goal and whether it passes the target."""
+def judge(entry: Mapping[str, Any], results: Path = RESULTS) -> tuple[float, float, bool]:
+    """The record's value for a goal, its target (given, or read from the same record), and whether it passes."""
     file = results / entry["record"]
     if not file.exists():
         raise GoalError(f"goal {entry['goal']!r}: no record {entry['record']}")
-    value = lookup(json.loads(file.read_text()), entry["path"])
-    return value, OPS[entry["op"]](value, float(entry["target"]))
+    record = json.loads(file.read_text())
+    value = lookup(record, entry["path"])
+    target = float(entry["target"]) if "target" in entry else lookup(record, entry["target_path"])
+    return value, target, OPS[entry["op"]](value, target)
 
 
 def _show(value: float, unit: str) -> str:
@@ -112,10 +121,10 @@ def render_goals(file: Path, results: Path = RESULTS) -> str:
         "|---|---|---|---|---|---|",
     ]
     for entry in load_goals(file):
-        value, met = judge(entry, results)
+        value, target_value, met = judge(entry, results)
         unit = entry.get("unit", "")
         status = "met" if met else "**not met**" + (f": {entry['note']}" if entry.get("note") else "")
-        target = f"{entry['op']} {_show(float(entry['target']), unit)}"
+        target = f"{entry['op']} {_show(target_value, unit)}"
         lines.append(
             f"| {entry['subsystem']} | {entry['goal']} | {_show(value, unit)} | {target} | {status} | "
             f"`{entry['record']}` |"

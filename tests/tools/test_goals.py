@@ -24,7 +24,14 @@ RECORD = {
         {"name": "tokens_per_s", "value": 17054.0, "ratio_to_ceiling": 0.8784},
         {"name": "tflops", "value": 300.5},
     ],
-    "metrics": {"fraction_of_roofline": 0.8949, "nested": {"flag": True, "text": "x"}},
+    "metrics": {
+        "fraction_of_roofline": 0.8949,
+        "nested": {"flag": True, "text": "x"},
+        "summary": [
+            {"method": "carina-process", "durable_s": 14.035, "durable_bound_s": 10.5812},
+            {"method": "torch.save", "durable_s": 9.0, "durable_bound_s": 10.5811},
+        ],
+    },
 }
 
 
@@ -91,10 +98,20 @@ def test_lookup_names_what_is_wrong(path, why):
 
 
 def test_judge_applies_the_operator_at_the_boundary(results):
-    assert goals.judge(_entry(target=0.8949), results) == (0.8949, True)
-    assert goals.judge(_entry(target=0.9), results) == (0.8949, False)
-    assert goals.judge(_entry(op="<=", target=0.8949), results)[1] is True
-    assert goals.judge(_entry(op="<", target=0.8949), results)[1] is False
+    assert goals.judge(_entry(target=0.8949), results) == (0.8949, 0.8949, True)
+    assert goals.judge(_entry(target=0.9), results) == (0.8949, 0.9, False)
+    assert goals.judge(_entry(op="<=", target=0.8949), results)[2] is True
+    assert goals.judge(_entry(op="<", target=0.8949), results)[2] is False
+
+
+def test_a_target_read_from_the_record_and_rows_named_by_method(results):
+    entry = _entry(path="metrics.summary.carina-process.durable_s", op="<=")
+    del entry["target"]
+    entry["target_path"] = "metrics.summary.carina-process.durable_bound_s"
+    assert goals.judge(entry, results) == (14.035, 10.5812, False)
+    entry["path"] = "metrics.summary.torch.save.durable_s"
+    entry["target_path"] = "metrics.summary.torch.save.durable_bound_s"
+    assert goals.judge(entry, results) == (9.0, 10.5811, True)
 
 
 def test_judge_refuses_a_missing_record(results):
@@ -108,6 +125,8 @@ def test_load_goals_rejects_unknown_fields_and_operators(tmp_path):
         goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'colour="red"\n'))
     with pytest.raises(goals.GoalError, match="op '=>' is not one of"):
         goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'op="=>"\n'))
+    with pytest.raises(goals.GoalError, match="goal 1: give exactly one of target and target_path"):
+        goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'op=">="\ntarget_path="metrics.x"\n'))
 
 
 def test_rendered_status_is_computed_and_a_miss_carries_its_note(tmp_path, results, monkeypatch):
@@ -127,5 +146,6 @@ def test_the_committed_goals_all_resolve_to_numbers():
     entries = goals.load_goals(REPO / "docs" / "goals.toml")
     assert entries, "docs/goals.toml lists no goal"
     for entry in entries:
-        value, _ = goals.judge(entry)
+        value, target, _ = goals.judge(entry)
+        assert target == target
         assert value == value  # a number, not NaN
