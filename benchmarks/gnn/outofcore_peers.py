@@ -26,6 +26,7 @@ from carina.gnn.dataset import PAGE, Dataset
 from carina.gnn.graph import node_features
 from carina.gnn.runner import RunConfig, train_once
 from carina.gnn.store import OutOfCoreFeatures
+from carina.memory.mapped import mapped_view
 
 _CHUNK = 1 << 20
 
@@ -137,8 +138,9 @@ class ZeroCopy:
     """S1b: the GPU gathers rows straight from pinned host memory (UVA zero-copy, as DGL's UVA sampling).
 
     Pinned memory from ``cudaHostAlloc`` is mapped into every device's address space at the same
-    address under unified addressing, so a CUDA tensor over the host pointer (built through
-    ``__cuda_array_interface__``) is read by ``index_select``'s kernel across PCIe, row by row.
+    address under unified addressing, so a CUDA tensor over the host pointer
+    (:func:`carina.memory.mapped.mapped_view`) is read by ``index_select``'s kernel across PCIe,
+    row by row. carina's store serves its host-cache slice the same way (``host_gather="device"``).
     """
 
     def __init__(self, host: torch.Tensor, device: str) -> None:
@@ -155,35 +157,6 @@ class ZeroCopy:
 
     def assemble(self, plan: torch.Tensor, missing: torch.Tensor) -> torch.Tensor:
         return self.view.index_select(0, plan)
-
-
-class _Mapped:
-    """A ``__cuda_array_interface__`` over a pinned host tensor (kept alive by the view).
-
-    The ``data`` tuple's second item is the read-only flag, and it must be ``False``: torch refuses
-    ``True`` ("the read only flag is not supported, should always be False"; the first H200 run of
-    the zero-copy peer, session 8). The peer only reads through the view all the same.
-    """
-
-    def __init__(self, host: torch.Tensor) -> None:
-        self.host = host
-        self.__cuda_array_interface__ = {
-            "shape": (host.shape[0], host[:1].numel() * host.element_size()),  # rows of bytes: any dtype
-            "typestr": "|u1",
-            "data": (host.data_ptr(), False),
-            "version": 3,
-            "strides": None,
-        }
-
-
-def mapped_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A device tensor aliasing the pinned, contiguous ``host`` (no copy); checked on its first and last rows."""
-    if not host.is_contiguous():
-        raise ValueError("mapped_view needs a contiguous tensor")
-    view = torch.as_tensor(_Mapped(host), device=device).view(host.dtype).view(host.shape)
-    if view.data_ptr() != host.data_ptr() or not torch.equal(view[[0, -1]].cpu(), host[[0, -1]]):
-        raise RuntimeError("the pinned host memory is not mapped at its host address on this device")
-    return view
 
 
 def generated_rows(ds: Dataset, ids: torch.Tensor, device: str) -> torch.Tensor:

@@ -81,21 +81,6 @@ def test_zero_copy_gathers_the_pinned_rows_bit_exact():
     assert torch.equal(zc.assemble(zc.plan(ids), None).cpu()[2], host[17])
 
 
-def test_zero_copy_interface_gets_past_torchs_parser_on_the_cpu():
-    # The H200 lane (session 8) lost the zero-copy peer to "TypeError: the read only flag is not
-    # supported": torch checks the interface's read-only flag before it needs a device. Without a GPU
-    # the parse must get as far as CUDA itself (a RuntimeError), never stop at the interface (TypeError).
-    host = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    mapped = outofcore_peers._Mapped(host)
-    assert mapped.__cuda_array_interface__["shape"] == (3, 16)
-    if torch.cuda.is_available():
-        view = outofcore_peers.mapped_view(host.pin_memory(), torch.device("cuda"))
-        assert view.shape == host.shape
-        return
-    with pytest.raises(RuntimeError):
-        torch.as_tensor(mapped, device="cuda")
-
-
 def test_stage_check_prices_the_read_stage_as_disk_plus_host_gather():
     run = _run()
     run["predicted"]["stages"] |= {"disk": 0.3, "gather": 0.16}

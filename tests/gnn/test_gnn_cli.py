@@ -49,6 +49,8 @@ def test_prepare_train_calibrate_plan(tmp_path):
                 "16",
                 "--max-batches",
                 "3",
+                "--host-gather",
+                "device",
                 "--json",
             ],
         )
@@ -93,6 +95,7 @@ def test_bad_fanouts_are_a_config_error(tmp_path):
         (["train", ".", "--model", "gat"], "model"),
         (["train", ".", "--compare", "mmap"], "compare"),
         (["train", ".", "--hotness", "random"], "hotness"),
+        (["train", ".", "--host-gather", "gpu"], "host_gather"),
         (["prepare", "out", "--generator", "er"], "generator"),
         (["topo", "--topology", "no-such-machine"], "topology"),
     ],

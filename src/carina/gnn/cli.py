@@ -81,6 +81,9 @@ def train(
     host_cache: Annotated[float, typer.Option(help="Share of rows cached in host memory (0..1).")] = 0.1,
     hotness: Annotated[str, typer.Option(help="presample or degree.")] = "presample",
     depth: Annotated[int, typer.Option(help="Batches in flight (1 = serial).")] = 3,
+    host_gather: Annotated[
+        str, typer.Option(help="Who gathers host-cache hits: auto, cpu (IO thread) or device (GPU, in place).")
+    ] = "auto",
     max_batches: Annotated[int, typer.Option(help="Stop after this many batches (0 = epoch).")] = 0,
     compare: Annotated[str, typer.Option(help="in-memory or none: baseline in the same run.")] = "in-memory",
     deterministic: Annotated[bool, typer.Option(help="Deterministic torch algorithms (bitwise on CUDA).")] = False,
@@ -90,7 +93,9 @@ def train(
     from carina.core.config import choice
     from carina.gnn.cache import CacheConfig, HotnessSource
     from carina.gnn.dataset import Dataset
+    from carina.gnn.hostpath import HostGather
     from carina.gnn.runner import Compare, RunConfig, run_training
+    from carina.gnn.store import StoreConfig
     from carina.gnn.train import ModelKind, TrainConfig
 
     train_cfg = TrainConfig(
@@ -103,11 +108,13 @@ def train(
         deterministic=deterministic,
     )
     source, baseline = choice(HotnessSource, hotness, key="hotness"), choice(Compare, compare, key="compare")
+    store = StoreConfig(host_gather=choice(HostGather, host_gather, key="host_gather"))
     ds = Dataset.open(dataset)
     n = ds.manifest.num_nodes
     cfg = RunConfig(
         train=train_cfg,
         cache=CacheConfig(gpu_rows=int(gpu_cache * n), host_rows=int(host_cache * n), hotness=source),
+        store=store,
         device=device,
         compare=baseline,
     )
