@@ -194,7 +194,11 @@ class Checksummed:
 
     def __init__(self, source: Any, verify: Dataset | None = None) -> None:
         self.source, self.sums, self.verify, self.exact = source, [], verify, True
-        self.check_s = 0.0  # seconds the checks took inside the timed assemble stage (subtracted from it)
+        self.check_calls: list[float] = []  # seconds the checks took inside each timed assemble (subtracted)
+
+    @property
+    def check_s(self) -> float:
+        return sum(self.check_calls)
 
     def plan(self, n_id: torch.Tensor) -> Any:
         return n_id, self.source.plan(n_id)
@@ -208,7 +212,7 @@ class Checksummed:
         self.sums.append(int(x.contiguous().view(torch.int32).to(torch.int64).sum()))
         if self.verify is not None and len(self.sums) <= self.VERIFIED:  # the first batches only: cheap
             self.exact &= bool(torch.equal(x, generated_rows(self.verify, plan[0], str(x.device))))
-        self.check_s += time.perf_counter() - t0
+        self.check_calls.append(time.perf_counter() - t0)
         return x
 
 
@@ -263,6 +267,8 @@ def measure(ds: Dataset, cfg: RunConfig, source: Any, warmup: int, *, verify: bo
         "train_s": res.train_s,
         "check_s": src.check_s,
         "max_in_flight": res.max_in_flight,
+        "warmup": warmup,
+        "calls": {**res.stage_calls, "train": res.train_calls, "check": src.check_calls},
     }
     if src.verify is not None:
         out["rows_exact_vs_generator"] = src.exact

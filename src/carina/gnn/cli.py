@@ -220,24 +220,23 @@ def plan(
         emit_json({"machine": spec.to_dict(), "workload": work.to_dict(), "best": best, "candidates": cands})
         return
     rows = _plan_rows(cands)
-    cols = ["SSDs", "sample ms", "disk ms", "gather ms", "transfer ms", "compute ms", "bottleneck", "epoch s"]
-    cols += ["seeds/s", "TPC x1e3"]
+    cols = ["SSDs", "host gather", "sample ms", "disk ms", "gather ms", "transfer ms", "device gather ms"]
+    cols += ["compute ms", "bottleneck", "epoch s", "seeds/s", "TPC x1e3"]
     print_table(rows, columns=cols, title=f"plan for {spec.name} (predicted)")
     typer.echo(
         f"recommended: {int(best.config['ssd_count'])} SSDs, GPU cache {int(best.config['gpu_cache_rows'])} rows, "
-        f"host cache {int(best.config['host_cache_rows'])} rows -> {best.seeds_per_s:.0f} seeds/s"
+        f"host cache {int(best.config['host_cache_rows'])} rows, host gather on the {best.host_gather}, "
+        f"reads through holes of up to {int(best.config['gap_pages'])} pages -> {best.seeds_per_s:.0f} seeds/s"
     )
 
 
 def _plan_rows(cands: list[Any]) -> list[tuple[Any, ...]]:
+    stages = ("sample", "disk", "gather", "transfer", "device_gather", "compute")
     return [
         (
             int(p.config["ssd_count"]),
-            f"{p.stages['sample'] * 1e3:.2f}",
-            f"{p.stages['disk'] * 1e3:.2f}",
-            f"{p.stages['gather'] * 1e3:.2f}",
-            f"{p.stages['transfer'] * 1e3:.2f}",
-            f"{p.stages['compute'] * 1e3:.2f}",
+            p.host_gather,
+            *(f"{p.stages[k] * 1e3:.2f}" for k in stages),
             p.bottleneck,
             f"{p.epoch_s:.2f}",
             f"{p.seeds_per_s:.0f}",
