@@ -301,12 +301,7 @@ def g5(ds: str, rec: dict, variants: dict[str, MachineSpec], work: WorkloadProfi
             value=v["within"] / v["pairs"],
             unit="share",
             basis=Basis.DERIVED if name == "recorded" else Basis.MODELED,
-            peers={
-                "pairs within": v["within"],
-                "pairs": v["pairs"],
-                "own-timer pairs within": v["within_own"],
-                "own-timer pairs": v["own"],
-            },
+            peers={} if name == "recorded" else {"as recorded": out["recorded"]["within"] / out["recorded"]["pairs"]},
         )
         for name, v in out.items()
         if v["pairs"]
