@@ -30,6 +30,7 @@
 #   7. delete papers-like, prepare IGB-like, 8M nodes, 1024-d fp32 (32 GiB)            (<=70 s) [40 s]
 #   8. bench IGB-like [15,10,5] @ 1024: the same, alternatives gap 0 only                (rest - 15 s) [138 s]
 #   9. plan IGB-like, the same memory
+#  10. the gpu-marked tests of the host paths, if >= 30 s are left and pytest is there        (<=25 s)
 # Records (JSON) go to $OUT/gnn/ as each step ends; log.txt has every step's output.
 # Usage (repository root): OUT=<dir> bash benchmarks/gnn/lane_h200.sh
 #   carry .whl-gnn (bash benchmarks/gnn/fetch_h200_carry.sh) in case the image lacks torch_geometric
@@ -131,6 +132,13 @@ if [ -f "$IGB/manifest.json" ]; then
   plan "$I_NAME" 5.7 11.5
 fi
 rm -rf "$IGB"
+# the gpu-marked tests of the host paths (mapped pinned slice, bit-exact rows), with what is left
+GPU_TESTS="tests/gnn/test_store.py tests/memory/test_mapped.py tests/gnn/test_costmodel.py"
+if [ "$DEVICE" != cpu ] && [ "$(left)" -ge 30 ] && $PY -c "import pytest, hypothesis" 2>/dev/null; then
+  step gpu-tests 25 $PY -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
+else
+  echo "== gpu-tests: skipped (cpu, $(left) s left, or no pytest/hypothesis)" | tee -a "$LOG"
+fi
 # summary: key figures of the records written above (reads them only)
 timeout 8 $PY - "$OUT/gnn" "$TAG" <<'EOF' 2>&1 | tee -a "$LOG"
 import json, sys

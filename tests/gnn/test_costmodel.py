@@ -218,6 +218,19 @@ def test_uva_fit_through_two_row_sizes():
     assert rate == pytest.approx(50e9) and per_row == 0.0
 
 
+@pytest.mark.gpu
+def test_uva_rates_on_a_gpu():
+    """The calibration's GPU gather of mapped pinned rows gives a rate a bus can carry and a per-row cost >= 0."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from carina.gnn.calibrate import _uva_rates
+
+    rate, per_row = _uva_rates("cuda", table_mb=64, batch=1 << 14)
+    assert 1e9 < rate < 1e12 and 0 <= per_row < 1e-6
+
+
 def _host_heavy():
     # every row cached, half on the host: 50k host hits of 4 KiB a batch; sample 10 ms + compute 20 ms
     work = _work(hotness_curve=[0.0, 0.5, 1.0])
