@@ -9,10 +9,14 @@ One run, one generated dataset, one model for every system:
 * ``sync-reads``  same static cache as carina, then one O_DIRECT pread per missing row, no overlap (S3)
 * ``carina``      static cache + page-coalesced reads (one vectorised gather per batch) + pipeline (S4)
 
-carina runs at several cache budgets (share of rows in device + host cache, 1/3 + 2/3); the peers and
-the alternatives to the cost model's choice (read-gap 0 and 4x the planned gap, no pipelining) at the
-peer budget. Order: in-memory, carina at the peer budget, mmap, sync-reads, host-gather, zero-copy,
-the other budgets, the alternatives, in-memory again (a deadline cuts from the end). A system that
+carina runs at several cache budgets (share of rows in device + host cache, 1/3 + 2/3), each with the
+host path the cost model predicts faster (``--host-gather model``: the CPU gathers the host-cache hits on
+the IO thread, or the device reads them in place); the peers and the alternatives to the model's choice
+(read-gap 0 and 4x the planned gap, no pipelining) at the peer budget, then the pick again (``again``: in
+lane_h200_s9 the first run at a budget read 14-23% slower than the later runs of the same batches), and at
+100% cache the other host path. Order: in-memory, carina at the peer budget, mmap, sync-reads,
+host-gather, zero-copy, the other budgets, the alternatives, in-memory again (a deadline cuts from the
+end). A system that
 raises (out of memory, a mapping the device refuses) is recorded under ``skipped`` with its error and
 the run goes on. The cost model (calibrated
 in the same run, or ``--machine``) predicts each carina run.
@@ -60,6 +64,7 @@ from carina.gnn.cache import CacheConfig, HotnessSource, StaticCache
 from carina.gnn.calibrate import calibrate_machine, profile_workload
 from carina.gnn.costmodel import MachineSpec, Overlap, best_gap_pages, hit_rate, predict
 from carina.gnn.dataset import Dataset, PrepareConfig, prepare
+from carina.gnn.hostpath import HostGather as HostPath
 from carina.gnn.runner import RunConfig, build_cache
 from carina.gnn.store import OutOfCoreFeatures, StoreConfig
 from carina.gnn.train import InMemoryFeatures, TrainConfig
@@ -100,6 +105,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--run-seconds", type=float, default=0.0, help="time box of each system's epoch (0: none)")
     ap.add_argument("--deadline-s", type=float, default=0.0, help="stop starting systems past this (0: none)")
     ap.add_argument("--peer-seed-offset", type=int, default=0, help="sampler seed offset of mmap and sync-reads")
+    ap.add_argument(
+        "--host-gather",
+        choices=["model", "auto", "cpu", "device"],
+        default="model",
+        help="host path of carina's runs: the model's faster one, or as given (StoreConfig.host_gather)",
+    )
     args = ap.parse_args()
     for k, v in PRESETS.get(args.preset or "", {}).items():
         setattr(args, k, v)
@@ -226,6 +237,19 @@ class Bench:
             _free()
         self.save()
 
+    def host_path(self, budget: float) -> HostPath:
+        """The host path of carina at ``budget``: the one the model predicts faster, or ``--host-gather``."""
+        if self.args.host_gather != "model":
+            return HostPath(self.args.host_gather)
+        if not self.machine.device_gather_priced:
+            return HostPath.AUTO
+        n = self.ds.manifest.num_nodes
+        rows = {"gpu_cache_rows": int(budget / 3 * n), "host_cache_rows": int(2 * budget / 3 * n)}
+        by_path = {
+            h: predict(self.machine, self.work, host_gather=h, **rows).batch_s for h in (HostPath.CPU, HostPath.DEVICE)
+        }
+        return min((HostPath.CPU, HostPath.DEVICE), key=lambda h: by_path[h])
+
     def carina_run(self, eng: IOEngine, budget: float, store_cfg: StoreConfig, cfg: RunConfig | None = None) -> dict:
         a, n = self.args, self.ds.manifest.num_nodes
         cfg = cfg or self.cfg
@@ -237,6 +261,7 @@ class Bench:
         t_fill = time.perf_counter() - t_fill
         out = measure(self.ds, cfg, store, a.warmup, verify=a.features_from == "generator")
         overlap = Overlap.PIPELINED if cfg.train.pipeline_depth > 1 else Overlap.SERIAL
+        path = store.host_path if self.machine.device_gather_priced else HostPath.CPU
         pred = predict(
             self.machine,
             self.work,
@@ -244,8 +269,11 @@ class Bench:
             host_cache_rows=cfg.cache.host_rows,
             overlap=overlap,
             gap_pages=store_cfg.gap_pages,
+            host_gather=path,
         )
         out |= {
+            "budget": budget,
+            "host_gather": store.host_path.value,
             "fetch": store.stats.as_dict(self.ds.manifest.row_bytes),
             "cache_bytes": store.cache.nbytes if store.cache else {},
             "cache_fill_s": t_fill,
@@ -255,6 +283,8 @@ class Bench:
                 "seeds_per_s": pred.seeds_per_s,
                 "bottleneck": pred.bottleneck,
                 "stages": pred.stages,
+                "lanes": pred.lanes,
+                "host_gather": pred.host_gather,
                 "batch_s": pred.batch_s,
                 "disk_ios": pred.disk_ios,
                 "disk_pages": pred.disk_pages,
@@ -266,13 +296,13 @@ class Bench:
         return out
 
     def cache_at(self, budget: float, cfg: RunConfig, store: OutOfCoreFeatures) -> StaticCache:
-        """The static cache of ``budget``; the peer budget's is built once and shared (carina, sync-reads
-        and the alternatives run on the same rows: a static cache is read only)."""
+        """The static cache of ``budget``; the peer budget's and 100%'s are built once and shared (carina,
+        sync-reads and the alternatives run on the same rows: a static cache is read only)."""
         if budget in self._caches:
             return self._caches[budget]
         fetch = generator_fetch(self.ds, self.args.device) if self.args.features_from == "generator" else None
         cache = build_cache(self.ds, cfg, store, fetch=fetch)
-        if budget == self.peer_budget:
+        if budget in (self.peer_budget, 1.0):  # the alternatives and the other host path reuse them
             self._caches[budget] = cache
         return cache
 
@@ -303,20 +333,37 @@ class Bench:
             _free()
             self.save()
 
+    def _alternative(self, eng: IOEngine, name: str, budget: float, store_cfg: StoreConfig, cfg: RunConfig) -> None:
+        self.ablations[name] = self.carina_run(eng, budget, store_cfg, cfg)
+
+    def store_cfg(self, budget: float, **over: Any) -> StoreConfig:
+        """carina's page-read policy (the planned gap) and host path at ``budget``."""
+        return StoreConfig(
+            **({"gap_pages": self.gap, "max_run_pages": 256, "host_gather": self.host_path(budget)} | over)
+        )
+
     def alternatives(self, eng: IOEngine) -> None:
-        """The cost model's choice (the planned gap, pipelined) against the alternatives, at the peer budget."""
+        """The cost model's choice against the alternatives: at 100% cache the other host path, at the
+        peer budget the gaps and pipelining, then the pick again."""
         b = self.peer_budget
-        alts: dict[str, tuple[StoreConfig, int]] = {
-            "no-hole-coalescing": (StoreConfig(gap_pages=0, max_run_pages=256), 3),
-            "gap x4": (StoreConfig(gap_pages=max(1, 4 * self.gap), max_run_pages=256), 3),
-            "no-pipelining": (StoreConfig(gap_pages=self.gap, max_run_pages=256), 1),
+        alts: dict[str, tuple[float, StoreConfig, int]] = {}
+        if 1.0 in self.carina:  # first: a deadline cuts from the end
+            ran = HostPath(self.carina[1.0]["host_gather"])
+            other = HostPath.CPU if ran is HostPath.DEVICE else HostPath.DEVICE
+            alts[f"host-gather {other.value}@1"] = (1.0, self.store_cfg(1.0, host_gather=other), 3)
+        alts |= {
+            "no-hole-coalescing": (b, self.store_cfg(b, gap_pages=0), 3),
+            "gap x4": (b, self.store_cfg(b, gap_pages=max(1, 4 * self.gap)), 3),
+            "no-pipelining": (b, self.store_cfg(b), 1),
+            "again": (b, self.store_cfg(b), 3),
         }
-        for name, (store_cfg, depth) in alts.items():
+        for name, (budget, store_cfg, depth) in alts.items():
             if not self.fits(f"ablations {name}"):
                 continue
             cfg = RunConfig.from_dict(self.cfg.to_dict())
             cfg.train.pipeline_depth = depth
-            self.ablations[name] = self.carina_run(eng, b, store_cfg, cfg)
+            run = functools.partial(self._alternative, eng, name, budget, store_cfg, cfg)
+            self.guard(f"ablations {name}", run)
             self.save()
 
 
@@ -335,12 +382,11 @@ def main() -> None:
         # priority order: a deadline cuts the tail, so the comparisons the issue asks for come first
         bench.feature_check(eng)
         bench.guard("in-memory", bench.in_memory)
-        store_cfg = StoreConfig(gap_pages=bench.gap, max_run_pages=256)
         pb = bench.peer_budget
         order = [pb, *(b for b in bench.budgets if b != pb)]
 
         def carina_at(b: float) -> None:
-            bench.carina[b] = bench.carina_run(eng, b, store_cfg)
+            bench.carina[b] = bench.carina_run(eng, b, bench.store_cfg(b))
 
         for b in order[:1]:
             if bench.fits(f"carina@{b:g}"):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the folder benchmarks/gnn/lane_h200_s9.sh carries to the GPU machine in case its image lacks PyG
+# Builds the folder benchmarks/gnn/lane_h200.sh carries to the GPU machine in case its image lacks PyG
 # (no network there): torch_geometric 2.8.1 (pure Python) and its pure-Python or cp312 dependencies, numpy
 # left out (the image has it). The lane installs from it only if `import torch_geometric` fails. A few MB.
 # Run in the checkout the device call sends:   bash benchmarks/gnn/fetch_h200_carry.sh [FOLDER]

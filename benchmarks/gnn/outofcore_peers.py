@@ -26,6 +26,7 @@ from carina.gnn.dataset import PAGE, Dataset
 from carina.gnn.graph import node_features
 from carina.gnn.runner import RunConfig, train_once
 from carina.gnn.store import OutOfCoreFeatures
+from carina.memory.mapped import mapped_view
 
 _CHUNK = 1 << 20
 
@@ -137,8 +138,9 @@ class ZeroCopy:
     """S1b: the GPU gathers rows straight from pinned host memory (UVA zero-copy, as DGL's UVA sampling).
 
     Pinned memory from ``cudaHostAlloc`` is mapped into every device's address space at the same
-    address under unified addressing, so a CUDA tensor over the host pointer (built through
-    ``__cuda_array_interface__``) is read by ``index_select``'s kernel across PCIe, row by row.
+    address under unified addressing, so a CUDA tensor over the host pointer
+    (:func:`carina.memory.mapped.mapped_view`) is read by ``index_select``'s kernel across PCIe,
+    row by row. carina's store serves its host-cache slice the same way (``host_gather="device"``).
     """
 
     def __init__(self, host: torch.Tensor, device: str) -> None:
@@ -155,35 +157,6 @@ class ZeroCopy:
 
     def assemble(self, plan: torch.Tensor, missing: torch.Tensor) -> torch.Tensor:
         return self.view.index_select(0, plan)
-
-
-class _Mapped:
-    """A ``__cuda_array_interface__`` over a pinned host tensor (kept alive by the view).
-
-    The ``data`` tuple's second item is the read-only flag, and it must be ``False``: torch refuses
-    ``True`` ("the read only flag is not supported, should always be False"; the first H200 run of
-    the zero-copy peer, session 8). The peer only reads through the view all the same.
-    """
-
-    def __init__(self, host: torch.Tensor) -> None:
-        self.host = host
-        self.__cuda_array_interface__ = {
-            "shape": (host.shape[0], host[:1].numel() * host.element_size()),  # rows of bytes: any dtype
-            "typestr": "|u1",
-            "data": (host.data_ptr(), False),
-            "version": 3,
-            "strides": None,
-        }
-
-
-def mapped_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A device tensor aliasing the pinned, contiguous ``host`` (no copy); checked on its first and last rows."""
-    if not host.is_contiguous():
-        raise ValueError("mapped_view needs a contiguous tensor")
-    view = torch.as_tensor(_Mapped(host), device=device).view(host.dtype).view(host.shape)
-    if view.data_ptr() != host.data_ptr() or not torch.equal(view[[0, -1]].cpu(), host[[0, -1]]):
-        raise RuntimeError("the pinned host memory is not mapped at its host address on this device")
-    return view
 
 
 def generated_rows(ds: Dataset, ids: torch.Tensor, device: str) -> torch.Tensor:
@@ -221,7 +194,11 @@ class Checksummed:
 
     def __init__(self, source: Any, verify: Dataset | None = None) -> None:
         self.source, self.sums, self.verify, self.exact = source, [], verify, True
-        self.check_s = 0.0  # seconds the checks took inside the timed assemble stage (subtracted from it)
+        self.check_calls: list[float] = []  # seconds the checks took inside each timed assemble (subtracted)
+
+    @property
+    def check_s(self) -> float:
+        return sum(self.check_calls)
 
     def plan(self, n_id: torch.Tensor) -> Any:
         return n_id, self.source.plan(n_id)
@@ -235,7 +212,7 @@ class Checksummed:
         self.sums.append(int(x.contiguous().view(torch.int32).to(torch.int64).sum()))
         if self.verify is not None and len(self.sums) <= self.VERIFIED:  # the first batches only: cheap
             self.exact &= bool(torch.equal(x, generated_rows(self.verify, plan[0], str(x.device))))
-        self.check_s += time.perf_counter() - t0
+        self.check_calls.append(time.perf_counter() - t0)
         return x
 
 
@@ -290,6 +267,8 @@ def measure(ds: Dataset, cfg: RunConfig, source: Any, warmup: int, *, verify: bo
         "train_s": res.train_s,
         "check_s": src.check_s,
         "max_in_flight": res.max_in_flight,
+        "warmup": warmup,
+        "calls": {**res.stage_calls, "train": res.train_calls, "check": src.check_calls},
     }
     if src.verify is not None:
         out["rows_exact_vs_generator"] = src.exact

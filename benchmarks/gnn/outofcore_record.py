@@ -26,78 +26,140 @@ def _ceiling(bench: Any) -> float | None:
     return max(runs) if runs else None
 
 
-def recommended(bench: Any) -> dict[str, Any] | None:
-    """The model's pick among the configurations measured at the peer budget, against the best measured."""
-    pb = bench.peer_budget
-    cands = ({f"carina@{pb:g}": bench.carina[pb]} if pb in bench.carina else {}) | {
-        f"carina {k}": v for k, v in bench.ablations.items()
-    }
+def recommended(bench: Any, budget: float | None = None) -> dict[str, Any] | None:
+    """The model's pick among the configurations measured at ``budget`` (the peer budget), against the best.
+
+    Candidates: carina at the budget and the alternatives run at it (``budget`` in each run; records
+    before session 10 ran them all at the peer budget). The pick is the highest predicted throughput. At
+    the peer budget an ``again`` run repeats the pick after the alternatives, and the pick's measured
+    throughput is then the mean of its two runs (the first run of a budget read slower in lane_h200_s9).
+    """
+    b = bench.peer_budget if budget is None else budget
+    base = bench.carina.get(b)
+    cands = {f"carina@{b:g}": base} if base else {}
+    cands |= {f"carina {k}": v for k, v in bench.ablations.items() if k != "again" and _budget(bench, v) == b}
     if len(cands) < 2:
         return None
+    measured = {k: v["seeds_per_s"] for k, v in cands.items()}
+    again = bench.ablations.get("again")
+    if again and base and b == bench.peer_budget:
+        measured[f"carina@{b:g}"] = (base["seeds_per_s"] + again["seeds_per_s"]) / 2
     pick = max(cands, key=lambda k: cands[k]["predicted"]["seeds_per_s"])
-    best = max(cands, key=lambda k: cands[k]["seeds_per_s"])
+    best = max(measured, key=lambda k: measured[k])
     return {
+        "budget": b,
         "picked": pick,
         "best_measured": best,
-        "ratio": cands[pick]["seeds_per_s"] / cands[best]["seeds_per_s"] if cands[best]["seeds_per_s"] else 0.0,
-        "measured": {k: v["seeds_per_s"] for k, v in cands.items()},
+        "ratio": measured[pick] / measured[best] if measured[best] else 0.0,
+        "measured": measured,
         "predicted": {k: v["predicted"]["seeds_per_s"] for k, v in cands.items()},
     }
 
 
-# predicted stage -> its measured seconds per batch (stage totals / times the stage ran). The sampler
-# thread also plans each batch (cache lookup, page runs), which the model does not price: "sample" is
-# compared with sample + plan, the lane the prediction stands for. The assemble stage holds the
-# benchmark's own row checks, taken out (check_s).
-_MEASURED = {
-    "sample": lambda r: _sum_per(r, ("sample", "plan")),
-    "disk": lambda r: _sum_per(r, ("read",)),
-    "transfer": lambda r: _sum_per(r, ("assemble",), minus=r.get("check_s", 0.0)),
-    "compute": lambda r: r["train_s"] / r["batches"] if r.get("batches") and "train_s" in r else None,
+def _budget(bench: Any, run: dict) -> float:
+    return run.get("budget", bench.peer_budget)
+
+
+def recommended_by_budget(bench: Any) -> dict[str, dict[str, Any]]:
+    """:func:`recommended` at every budget with an alternative."""
+    budgets = sorted({bench.peer_budget, *(_budget(bench, v) for v in bench.ablations.values())})
+    return {f"{b:g}": r for b in budgets if (r := recommended(bench, b)) is not None}
+
+
+# predicted stage -> its measured seconds per batch. The sampler thread also plans each batch (cache
+# lookup, page runs), which the model does not price: "sample" is compared with sample + plan, the lane
+# the prediction stands for. "disk" is the read stage (the IO thread: disk reads, and the CPU gather of
+# the host hits on the cpu host path), "transfer" the assemble stage less the benchmark's own row checks
+# (copies to the device, and the device's gather of the host hits on the device path), "compute" the
+# training step. Per batch: the mean over the calls after the warm-up batches where the record has each
+# call (`calls`, since session 10), else a stage's total over the times it ran (records before).
+_MEASURED: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "sample": (("sample", "plan"), None),
+    "disk": (("read",), None),
+    "transfer": (("assemble",), "check"),
+    "compute": (("train",), None),
 }
+_TOTALS = {"train": "train_s", "check": "check_s"}
+# On a CUDA device the sample, transfer and compute timers run on the CPU around work queued on the one
+# stream the sampler, the copies and the step share: they also hold the waits for the others' kernels.
+# Only the read stage (CPU and disk work) and the batch time measure what the model prices, alone.
+OWN_TIMER_ON_CUDA = ("disk", "batch")
 TOLERANCE = 0.15  # the issue's +-15% on stage-time predictions
 
 
-def _sum_per(run: dict, stages: tuple[str, ...], minus: float = 0.0) -> float | None:
-    n = run.get("stage_n", {}).get(stages[0], 0)
-    return max(0.0, sum(run["stage_s"][s] for s in stages) - minus) / n if n else None
+def measured_stage(run: dict, stages: tuple[str, ...], minus: str | None = None) -> float | None:
+    """Seconds per batch of ``sum(stages) - minus``, warm-up calls left out when the record has calls."""
+    calls = run.get("calls")
+    if calls:
+        seqs = [calls.get(s, []) for s in stages] + ([calls.get(minus, [])] if minus else [])
+        n = min(len(x) for x in seqs)
+        if not n:
+            return None
+        sign = [1.0] * len(stages) + ([-1.0] if minus else [])
+        per = [max(0.0, sum(w * x[i] for w, x in zip(sign, seqs, strict=True))) for i in range(n)]
+        kept = per[run.get("warmup", 0) :] or per
+        return sum(kept) / len(kept)
+    count = run.get("batches", 0) if stages == ("train",) else run.get("stage_n", {}).get(stages[0], 0)
+    if not count:
+        return None
+    total = sum(run[_TOTALS[s]] if s in _TOTALS else run["stage_s"][s] for s in stages)
+    return max(0.0, total - (run.get(_TOTALS[minus], 0.0) if minus else 0.0)) / count
 
 
-def stage_check(run: dict) -> dict[str, dict[str, float]]:
+def predicted_stages(pred: dict) -> dict[str, float]:
+    """The model's stages as the bench's timers see them: the read stage holds the CPU gather, assemble
+    the device's gather (records made before session 10 have neither ``gather`` nor ``device_gather``)."""
+    st = pred["stages"]
+    return st | {
+        "disk": st.get("disk", 0.0) + st.get("gather", 0.0),
+        "transfer": st.get("transfer", 0.0) + st.get("device_gather", 0.0),
+    }
+
+
+def stage_check(run: dict, *, cuda: bool = True) -> dict[str, dict[str, Any]]:
     """Predicted against measured seconds per batch, stage by stage and for the whole batch."""
     pred = run["predicted"]
-    # the read stage (IO thread) also gathers the host-cache hits since session 8: the model's "gather"
-    # joins the disk there (records made before have no "gather" stage and gathered in assemble)
-    stages = pred["stages"] | {"disk": pred["stages"].get("disk", 0.0) + pred["stages"].get("gather", 0.0)}
-    out: dict[str, dict[str, float]] = {}
-    for stage, fn in _MEASURED.items():
-        got = fn(run)
+    stages = predicted_stages(pred)
+    out: dict[str, dict[str, Any]] = {}
+    for stage, (names, minus) in _MEASURED.items():
+        got = measured_stage(run, names, minus)
         if got is not None and stage in pred["stages"]:
             out[stage] = {"predicted_s": stages[stage], "measured_s": got}
     if run.get("seeds_per_s") and "batch_s" in pred:
         out["batch"] = {"predicted_s": pred["batch_s"], "measured_s": run["batch_size"] / run["seeds_per_s"]}
-    for v in out.values():
+    for stage, v in out.items():
         v["predicted_over_measured"] = v["predicted_s"] / v["measured_s"] if v["measured_s"] else float("inf")
+        v["timer"] = "own" if not cuda or stage in OWN_TIMER_ON_CUDA else "shared stream"
     return out
 
 
 def stage_summary(bench: Any) -> dict[str, Any]:
-    """Every carina run's stage check, and the share of (run, stage) pairs within the tolerance."""
+    """Every carina run's stage check; the share of (run, stage) pairs within the tolerance, all and own-timer."""
     runs = {f"carina@{b:g}": r for b, r in bench.carina.items()}
     runs |= {f"carina {k}": r for k, r in bench.ablations.items()}
-    checks = {k: stage_check(r | {"batch_size": bench.args.batch_size}) for k, r in runs.items()}
-    ratios = [v["predicted_over_measured"] for c in checks.values() for v in c.values()]
-    within = sum(abs(x - 1) <= TOLERANCE for x in ratios)
-    return {"runs": checks, "within": within, "pairs": len(ratios), "tolerance": TOLERANCE}
+    cuda = str(bench.args.device).startswith("cuda")
+    checks = {k: stage_check(r | {"batch_size": bench.args.batch_size}, cuda=cuda) for k, r in runs.items()}
+    return {"runs": checks, "tolerance": TOLERANCE} | count_within(checks)
+
+
+def count_within(checks: dict[str, dict[str, dict[str, Any]]]) -> dict[str, int]:
+    """Pairs within the tolerance, of all pairs and of those whose timer measures the stage alone."""
+    pairs = [v for c in checks.values() for v in c.values()]
+    own = [v for v in pairs if v.get("timer", "own") == "own"]
+    return {"within": _within(pairs), "pairs": len(pairs), "within_own": _within(own), "own": len(own)}
+
+
+def _within(pairs: list[dict[str, Any]]) -> int:
+    return sum(abs(v["predicted_over_measured"] - 1) <= TOLERANCE for v in pairs)
 
 
 def figures(bench: Any) -> list[Figure]:
     ceiling = _ceiling(bench)
     peers_pb = {k: v["seeds_per_s"] for k, v in bench.results.items() if not k.startswith("in-memory")}
-    peers_pb |= {f"carina {k}": v["seeds_per_s"] for k, v in bench.ablations.items()}
     out = []
     for b, run in sorted(bench.carina.items()):
-        peers = ({"in-memory": ceiling} if ceiling else {}) | (peers_pb if b == bench.peer_budget else {})
+        alts = {f"carina {k}": v["seeds_per_s"] for k, v in bench.ablations.items() if _budget(bench, v) == b}
+        peers = ({"in-memory": ceiling} if ceiling else {}) | (peers_pb if b == bench.peer_budget else {}) | alts
         out.append(
             Figure(
                 name=f"seeds_per_s@cache{b:g}",
@@ -139,11 +201,10 @@ def figures(bench: Any) -> list[Figure]:
                 basis=Basis.MODELED,
             )
         )
-    rec = recommended(bench)
-    if rec:
+    for b, rec in recommended_by_budget(bench).items():
         out.append(
             Figure(
-                name=f"recommended_over_best@cache{bench.peer_budget:g}",
+                name=f"recommended_over_best@cache{b}",
                 value=rec["ratio"],
                 unit="x",
                 peers=rec["measured"],
@@ -184,6 +245,7 @@ def write(bench: Any) -> None:
             "carina": {f"{b:g}": _strip(r) for b, r in bench.carina.items()},
             "ablations": {k: _strip(v) for k, v in bench.ablations.items()},
             "recommended": recommended(bench),
+            "recommended_by_budget": recommended_by_budget(bench),
             "stage_check": stage_summary(bench),
             "skipped": bench.skipped,
             "deterministic": a.deterministic,

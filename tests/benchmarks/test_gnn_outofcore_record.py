@@ -47,7 +47,7 @@ def test_stage_summary_counts_pairs_within_15_percent():
     bench = SimpleNamespace(
         carina={0.5: _run()},
         ablations={"no-pipelining": _run(stage_s={"sample": 0.3, "plan": 0.1, "read": 4.0, "assemble": 0.12})},
-        args=SimpleNamespace(batch_size=512),
+        args=SimpleNamespace(batch_size=512, device="cuda"),
     )
     s = outofcore_record.stage_summary(bench)
     assert s["pairs"] == 10
@@ -55,6 +55,11 @@ def test_stage_summary_counts_pairs_within_15_percent():
     # no-pipelining: disk 0.575 out, the other four in
     assert s["within"] == 9
     assert set(s["runs"]) == {"carina@0.5", "carina no-pipelining"}
+    # on CUDA only the read stage and the batch are timed alone: 4 such pairs, the no-pipelining disk out
+    assert (s["within_own"], s["own"]) == (3, 4)
+    assert s["runs"]["carina@0.5"]["sample"]["timer"] == "shared stream"
+    bench.args.device = "cpu"  # everything synchronous: every timer is the stage's own
+    assert outofcore_record.stage_summary(bench)["own"] == 10
 
 
 def test_stage_check_skips_stages_that_never_ran():
@@ -81,23 +86,62 @@ def test_zero_copy_gathers_the_pinned_rows_bit_exact():
     assert torch.equal(zc.assemble(zc.plan(ids), None).cpu()[2], host[17])
 
 
-def test_zero_copy_interface_gets_past_torchs_parser_on_the_cpu():
-    # The H200 lane (session 8) lost the zero-copy peer to "TypeError: the read only flag is not
-    # supported": torch checks the interface's read-only flag before it needs a device. Without a GPU
-    # the parse must get as far as CUDA itself (a RuntimeError), never stop at the interface (TypeError).
-    host = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    mapped = outofcore_peers._Mapped(host)
-    assert mapped.__cuda_array_interface__["shape"] == (3, 16)
-    if torch.cuda.is_available():
-        view = outofcore_peers.mapped_view(host.pin_memory(), torch.device("cuda"))
-        assert view.shape == host.shape
-        return
-    with pytest.raises(RuntimeError):
-        torch.as_tensor(mapped, device="cuda")
-
-
 def test_stage_check_prices_the_read_stage_as_disk_plus_host_gather():
     run = _run()
     run["predicted"]["stages"] |= {"disk": 0.3, "gather": 0.16}
     got = outofcore_record.stage_check(run | {"batch_size": 512})
     assert got["disk"]["predicted_s"] == pytest.approx(0.46) and got["disk"]["measured_s"] == pytest.approx(0.4)
+
+
+def test_stage_check_drops_the_warm_up_calls():
+    """With per-call times the first `warmup` calls are left out (the first read faults a fresh page buffer in)."""
+    run = _run(
+        warmup=1,
+        calls={
+            "sample": [0.5, 0.05, 0.07],
+            "plan": [0.1, 0.01, 0.01],
+            "read": [3.0, 0.4, 0.44],
+            "assemble": [0.2, 0.03, 0.05],
+            "check": [0.01, 0.01, 0.01],
+            "train": [0.9, 0.05, 0.05],
+        },
+    )
+    got = outofcore_record.stage_check(run | {"batch_size": 512})
+    assert got["sample"]["measured_s"] == pytest.approx(0.07)  # (0.06 + 0.08) / 2
+    assert got["disk"]["measured_s"] == pytest.approx(0.42)
+    assert got["transfer"]["measured_s"] == pytest.approx(0.03)  # assemble less the checks, per call
+    assert got["compute"]["measured_s"] == pytest.approx(0.05)
+
+
+def test_stage_check_adds_the_device_gather_to_assemble():
+    run = _run()
+    run["predicted"]["stages"] |= {"transfer": 0.005, "device_gather": 0.015, "gather": 0.0}
+    got = outofcore_record.stage_check(run | {"batch_size": 512})
+    assert got["transfer"]["predicted_s"] == pytest.approx(0.02)
+
+
+def _bench_with_alternatives(again: float | None):
+    pred = lambda x: {"seeds_per_s": x}  # noqa: E731
+    ablations = {
+        "no-hole-coalescing": {"seeds_per_s": 110.0, "predicted": pred(95.0), "budget": 0.5},
+        "host-gather cpu@1": {"seeds_per_s": 900.0, "predicted": pred(800.0), "budget": 1.0},
+    }
+    if again is not None:
+        ablations["again"] = {"seeds_per_s": again, "predicted": pred(100.0), "budget": 0.5}
+    carina = {
+        0.5: {"seeds_per_s": 90.0, "predicted": pred(100.0)},
+        1.0: {"seeds_per_s": 1000.0, "predicted": pred(700.0)},
+    }
+    return SimpleNamespace(peer_budget=0.5, carina=carina, ablations=ablations)
+
+
+def test_recommended_per_budget_with_the_pick_run_again():
+    rec = outofcore_record.recommended_by_budget(_bench_with_alternatives(again=120.0))
+    # at 0.5 the pick (predicted 100 > 95) ran at 90 then 120: mean 105, against 110 measured for gap 0
+    assert rec["0.5"]["picked"] == "carina@0.5" and rec["0.5"]["measured"]["carina@0.5"] == pytest.approx(105.0)
+    assert rec["0.5"]["ratio"] == pytest.approx(105 / 110)
+    assert "carina again" not in rec["0.5"]["measured"] and "carina host-gather cpu@1" not in rec["0.5"]["measured"]
+    # at 1.0 the model picked the CPU path (800 > 700) and carina@1 (device path) measured faster
+    assert rec["1"]["picked"] == "carina host-gather cpu@1" and rec["1"]["ratio"] == pytest.approx(0.9)
+    alone = outofcore_record.recommended(_bench_with_alternatives(again=None))
+    assert alone["ratio"] == pytest.approx(90 / 110)

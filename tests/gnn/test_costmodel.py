@@ -13,6 +13,7 @@ from carina.gnn.costmodel import (
     predict,
     recommend,
 )
+from carina.gnn.hostpath import HostGather
 
 
 def _work(**kw):
@@ -58,17 +59,38 @@ def test_disk_bound_closed_form():
 
 
 def test_additive_disk_cost_closed_form():
-    # the same 90k IOs and 409.6 MB: 0.09 s of requests + 0.1 s of transfer; two SSDs halve both
-    p = predict(_machine(disk_cost="additive"), _work(), gpu_cache_rows=0, host_cache_rows=0)
+    # 500k IOPS at 4.096 GB/s: a 4 KiB read takes 2 us, 1 us of it the page's transfer, so a request's
+    # own cost is 1 us. The same 90k IOs and 409.6 MB: 0.09 s of requests + 0.1 s of transfer
+    m = _machine(disk_cost="additive", ssd_iops=500_000.0)
+    p = predict(m, _work(), gpu_cache_rows=0, host_cache_rows=0)
     assert p.stages["disk"] == pytest.approx(0.19)
-    two = predict(_machine(disk_cost="additive", ssd_count=2), _work(), gpu_cache_rows=0, host_cache_rows=0)
-    assert two.stages["disk"] == pytest.approx(0.095)
+    two = predict(
+        _machine(disk_cost="additive", ssd_iops=500_000.0, ssd_count=2), _work(), gpu_cache_rows=0, host_cache_rows=0
+    )
+    assert two.stages["disk"] == pytest.approx(0.095)  # two SSDs halve both terms
     # the bus caps the transfer term only: 8 SSDs behind 10 GB/s
-    eight = _machine(disk_cost="additive", ssd_count=8, bus_limit_gbps=10.0)
+    eight = _machine(disk_cost="additive", ssd_iops=500_000.0, ssd_count=8, bus_limit_gbps=10.0)
     assert disk_seconds(eight, 80_000, 1_000_000) == pytest.approx(0.01 + 4.096e9 / 10e9)
     assert MachineSpec().disk_cost == "additive"
     with pytest.raises(ConfigError, match="disk_cost"):
         _machine(disk_cost="fast")
+
+
+@pytest.mark.parametrize("form", ["additive", "overlapped"])
+def test_both_disk_forms_meet_the_calibrated_rates(form):
+    """One-page reads cost 1 / IOPS each and long reads their bytes at the bandwidth, in either form.
+
+    The IOPS are measured with 4 KiB reads, so they hold one page's transfer: the additive form
+    before session 10 charged it twice (1 / IOPS + 4 KiB / B a read).
+    """
+    m = _machine(disk_cost=form, ssd_iops=74_000.0, ssd_read_gbps=1.46)
+    assert disk_seconds(m, 10_000, 10_000) == pytest.approx(10_000 / 74_000)
+    one_mib = disk_seconds(m, 1, 256)
+    assert one_mib == pytest.approx(256 * 4096 / 1.46e9, rel=0.02 if form == "additive" else 1e-9)
+    # in between they part: 5-page reads, where a request's cost equals its bytes'
+    five = disk_seconds(m, 1_000, 5_000) / 1_000
+    want = 1 / 74_000 + 4 * 4096 / 1.46e9 if form == "additive" else max(1 / 74_000, 5 * 4096 / 1.46e9)
+    assert five == pytest.approx(want)
 
 
 def test_serial_is_the_sum():
@@ -177,9 +199,71 @@ def test_disk_model_matches_the_store_page_planner(gap):
 def test_pick_disk_cost_closed_form():
     from carina.gnn.calibrate import pick_disk_cost
 
-    # 1000 reads of 10 pages at 10k IOPS and 409.6 MB/s: 0.1 s of requests, 0.1 s of bytes
-    kw = dict(reads=1000, pages_per_read=10, iops=10_000.0, bandwidth=409.6e6)
-    assert pick_disk_cost(0.2, **kw) == "additive"  # the sum: requests served one after another
-    assert pick_disk_cost(0.1, **kw) == "overlapped"  # the max: requests hidden behind transfers
-    assert pick_disk_cost(0.15, **kw) == "additive"  # nearer 0.2 than 0.1 by ratio (0.75 vs 1.5)
-    assert pick_disk_cost(0.13, **kw) == "overlapped"
+    # 1000 reads of 20 pages at 5k IOPS and 409.6 MB/s: a read's own cost is 200 - 10 = 190 us, so
+    # additive = 0.19 s + 0.2 s of bytes = 0.39 s; overlapped = max(0.2 s, 0.2 s) = 0.2 s
+    kw = dict(reads=1000, pages_per_read=20, iops=5_000.0, bandwidth=409.6e6)
+    assert pick_disk_cost(0.39, **kw) == "additive"  # the sum: requests served one after another
+    assert pick_disk_cost(0.2, **kw) == "overlapped"  # the max: requests hidden behind transfers
+    assert pick_disk_cost(0.30, **kw) == "additive"  # nearer 0.39 than 0.2 by ratio (0.77 vs 1.5)
+    assert pick_disk_cost(0.26, **kw) == "overlapped"  # (0.67 vs 1.3)
+
+
+def test_uva_fit_through_two_row_sizes():
+    from carina.gnn.calibrate import uva_fit
+
+    # 50 GB/s and 10 ns a row: 512 B rows take 20.24 ns, 4 KiB rows 91.92 ns
+    rate, per_row = uva_fit(512 / 50e9 + 10e-9, 4096 / 50e9 + 10e-9)
+    assert rate == pytest.approx(50e9) and per_row == pytest.approx(10e-9)
+    rate, per_row = uva_fit(4e-9, 4096 / 50e9)  # small rows relatively faster: no per-row term
+    assert rate == pytest.approx(50e9) and per_row == 0.0
+
+
+@pytest.mark.gpu
+def test_uva_rates_on_a_gpu():
+    """The calibration's GPU gather of mapped pinned rows gives a rate a bus can carry and a per-row cost >= 0."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from carina.gnn.calibrate import _uva_rates
+
+    rate, per_row = _uva_rates("cuda", table_mb=64, batch=1 << 14)
+    assert 1e9 < rate < 1e12 and 0 <= per_row < 1e-6
+
+
+def _host_heavy():
+    # every row cached, half on the host: 50k host hits of 4 KiB a batch; sample 10 ms + compute 20 ms
+    work = _work(hotness_curve=[0.0, 0.5, 1.0])
+    return work, dict(gpu_cache_rows=500_000, host_cache_rows=500_000)
+
+
+def test_device_host_path_closed_form():
+    """device: no CPU gather, no copy of the host hits; the device reads them in place (device lane)."""
+    work, caches = _host_heavy()
+    m = _machine(ssd_count=0, uva_gbps=20.48, uva_row_ns=100.0)
+    dev = predict(m, work, host_gather=HostGather.DEVICE, **caches)
+    read = 50_000 * (4096 / 20.48e9 + 100e-9)  # 10 ms + 5 ms
+    assert dev.host_gather == "device" and dev.stages["device_gather"] == pytest.approx(read)
+    assert dev.stages["gather"] == 0 and dev.stages["transfer"] == 0  # no misses: nothing to copy
+    assert dev.lanes == {"disk": 0.0, "compute": pytest.approx(0.01 + read + 0.02)}
+    cpu = predict(m, work, host_gather=HostGather.CPU, **caches)
+    gather, transfer = 50_000 * 4096 / 10e9, 50_000 * 4096 / 40.96e9  # 20.5 ms on the IO thread, 5 ms
+    assert cpu.stages["gather"] == pytest.approx(gather) and cpu.stages["transfer"] == pytest.approx(transfer)
+    assert cpu.stages["device_gather"] == 0 and cpu.batch_s == pytest.approx(max(gather, 0.03 + transfer))
+    assert predict(m, work, host_gather=HostGather.AUTO, **caches).host_gather == "device"
+    unmeasured = _machine(ssd_count=0)
+    assert predict(unmeasured, work, host_gather=HostGather.AUTO, **caches).host_gather == "cpu"
+    with pytest.raises(ConfigError, match="uva_gbps"):
+        predict(unmeasured, work, host_gather=HostGather.DEVICE, **caches)
+
+
+def test_recommend_takes_the_faster_host_path():
+    work, _ = _host_heavy()
+    slow_cpu = _machine(host_gather_gbps=1.0, uva_gbps=40.96, gpu_mem_gb=2.048, host_mem_gb=2.048)
+    best, cands = recommend(slow_cpu, work, max_ssds=2, gpu_reserve_gb=0, host_reserve_gb=0)
+    # all 1M rows fit (0.5M + 0.5M of 4 KiB): no SSD; the CPU path would take 205 ms on the IO thread
+    assert [int(c.config["ssd_count"]) for c in cands] == [0, 1, 2]
+    assert best.host_gather == "device" and int(best.config["ssd_count"]) == 0
+    slow_uva = _machine(host_gather_gbps=100.0, uva_gbps=0.5, gpu_mem_gb=2.048, host_mem_gb=2.048)
+    best, _ = recommend(slow_uva, work, max_ssds=0, gpu_reserve_gb=0, host_reserve_gb=0)
+    assert best.host_gather == "cpu"

@@ -49,6 +49,8 @@ def test_prepare_train_calibrate_plan(tmp_path):
                 "16",
                 "--max-batches",
                 "3",
+                "--host-gather",
+                "device",
                 "--json",
             ],
         )
@@ -57,6 +59,9 @@ def test_prepare_train_calibrate_plan(tmp_path):
     machine = tmp_path / "m.json"
     spec = _json(runner.invoke(app, ["calibrate", str(tmp_path), "--size-mb", "8", "--out", str(machine), "--json"]))
     assert spec["ssd_iops"] > 0 and machine.is_file()
+    # a CPU reads its host slice itself: the device path's rate is the host gather's; the disk-form probe is kept
+    assert spec["uva_gbps"] == spec["host_gather_gbps"] > 0 and spec["uva_row_ns"] == 0
+    assert spec["disk_probe_pages"] >= 2 and spec["disk_probe_us"] > 0
     plan = _json(
         runner.invoke(
             app,
@@ -93,6 +98,7 @@ def test_bad_fanouts_are_a_config_error(tmp_path):
         (["train", ".", "--model", "gat"], "model"),
         (["train", ".", "--compare", "mmap"], "compare"),
         (["train", ".", "--hotness", "random"], "hotness"),
+        (["train", ".", "--host-gather", "gpu"], "host_gather"),
         (["prepare", "out", "--generator", "er"], "generator"),
         (["topo", "--topology", "no-such-machine"], "topology"),
     ],

@@ -50,6 +50,9 @@ def test_bound_holds_with_slow_consumer(depth):
     assert pipe.times.batches == 20
     # every stage ran once per batch: per-batch stage times divide by these counts
     assert pipe.times.as_counts() == {"sample": 20, "plan": 20, "read": 20, "assemble": 20}
+    calls = pipe.times.as_calls()
+    assert {k: len(v) for k, v in calls.items()} == pipe.times.as_counts()
+    assert sum(calls["assemble"]) == pytest.approx(pipe.times.assemble)  # each call's seconds, in order
 
 
 def test_errors_reach_the_consumer():

@@ -4,10 +4,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carina.core.errors import CapacityError, ConfigError
+from carina.core.errors import BackendUnavailable, CapacityError, ConfigError
 from carina.gnn.cache import CacheConfig, StaticCache, degree_hotness, presample_hotness
 from carina.gnn.dataset import PAGE, PrepareConfig, prepare
 from carina.gnn.graph import node_features
+from carina.gnn.hostpath import HostGather
 from carina.gnn.sampler import NeighborSampler
 from carina.gnn.store import OutOfCoreFeatures, StoreConfig, _sorted_unique, page_runs
 from carina.io import IOConfig, IOEngine
@@ -34,9 +35,11 @@ def _store(ds, engine, gpu_rows=0, host_rows=0, **cfg):
     return s
 
 
-@pytest.mark.parametrize("gpu_rows,host_rows", [(0, 0), (300, 0), (0, 500), (200, 700), (4096, 0)])
-def test_rows_bit_exact_on_every_path(small_dataset, engine, gpu_rows, host_rows):
-    s = _store(small_dataset, engine, gpu_rows, host_rows)
+@pytest.mark.parametrize("host_gather", [HostGather.CPU, HostGather.DEVICE])
+@pytest.mark.parametrize("gpu_rows,host_rows", [(0, 0), (300, 0), (0, 500), (200, 700), (4096, 0), (0, 4096)])
+def test_rows_bit_exact_on_every_path(small_dataset, engine, gpu_rows, host_rows, host_gather):
+    s = _store(small_dataset, engine, gpu_rows, host_rows, host_gather=host_gather)
+    assert s.host_path is (host_gather if host_rows else HostGather.CPU)
     b = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=0).sample(small_dataset.train_idx[:200])
     x = s.gather(b.n_id)
     assert torch.equal(x, node_features(b.n_id, dim=100, seed=3))
@@ -245,4 +248,90 @@ def test_staged_rows_are_pinned_for_a_cuda_device(small_dataset, engine):
     assert missing.is_pinned() and plan.host_rows is not None and plan.host_rows.is_pinned()
     x = s.assemble(plan, missing)
     assert torch.equal(x.cpu(), node_features(b.n_id, dim=100, seed=3))
+    s.close()
+
+
+def test_auto_host_path_keeps_the_cpu_gather_on_a_cpu_device(small_dataset, engine):
+    s = _store(small_dataset, engine, 200, 700)
+    assert s.config.host_gather is HostGather.AUTO and s.host_path is HostGather.CPU
+    s.attach_cache(None)  # no cache, no host slice: nothing to gather
+    assert s.host_path is HostGather.CPU
+    s.close()
+
+
+def test_device_host_path_gathers_in_assemble_from_the_slice_in_place(small_dataset, engine):
+    """The device path: no CPU gather on the IO thread, no staging; assemble reads the host slice itself.
+
+    On a CPU device the slice is the device's memory: the same code runs on CUDA over the slice
+    mapped into the GPU's address space (carina.memory.mapped), a gpu test below.
+    """
+    s = _store(small_dataset, engine, gpu_rows=200, host_rows=700, host_gather=HostGather.DEVICE)
+    assert s.host_path is HostGather.DEVICE and s._host_view is s.cache.host
+    b = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=1).sample(small_dataset.train_idx[:200])
+    plan = s.plan(b.n_id)
+    assert plan.lookup.host_pos.numel() > 0 and plan.lookup.host_pos.device == s.cache.device
+    missing = s.read(plan)
+    assert plan.host_rows is None  # the IO thread left the host hits alone
+    s.cache.host[plan.lookup.host_slot[0]] = -1.0  # assemble reads the slice as it is now, in place
+    x = s.assemble(plan, missing)
+    want = node_features(b.n_id, dim=100, seed=3)
+    first = plan.lookup.host_pos[0]
+    assert torch.equal(x[first], torch.full((100,), -1.0))
+    keep = torch.ones(b.n_id.numel(), dtype=torch.bool)
+    keep[first] = False
+    assert torch.equal(x[keep], want[keep])
+    s.close()
+
+
+def test_device_host_path_refused_where_the_slice_cannot_be_mapped(small_dataset, engine):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device maps the pinned slice")
+    s = OutOfCoreFeatures(small_dataset, engine=engine, config=StoreConfig(host_gather=HostGather.DEVICE))
+    s.device = torch.device("cuda")  # batches bound for a GPU this machine does not have
+    cache = StaticCache(
+        hotness=degree_hotness(small_dataset.graph),
+        config=CacheConfig(host_rows=100),
+        dim=100,
+        dtype=torch.float32,
+        device="cpu",
+        fetch=s.read_rows,
+    )
+    with pytest.raises(BackendUnavailable, match="in place"):
+        s.attach_cache(cache)
+    s.config.host_gather = HostGather.AUTO
+    s.attach_cache(cache)  # auto falls back to the CPU gather
+    assert s.host_path is HostGather.CPU
+    s.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("host_gather", [HostGather.AUTO, HostGather.CPU, HostGather.DEVICE])
+def test_cuda_host_paths_are_bit_exact(small_dataset, engine, host_gather):
+    """On CUDA, auto maps the pinned host slice into the GPU (UVA) and gathers there; every path is exact."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    s = OutOfCoreFeatures(small_dataset, engine=engine, device="cuda", config=StoreConfig(host_gather=host_gather))
+    m = small_dataset.manifest
+    cache = StaticCache(
+        hotness=degree_hotness(small_dataset.graph),
+        config=CacheConfig(gpu_rows=100, host_rows=300),
+        dim=m.feature_dim,
+        dtype=m.torch_dtype,
+        device="cuda",
+        fetch=s.read_rows,
+    )
+    s.attach_cache(cache)
+    device_path = host_gather is not HostGather.CPU
+    assert s.host_path is (HostGather.DEVICE if device_path else HostGather.CPU)
+    if device_path:
+        assert s._host_view.device.type == "cuda" and s._host_view.data_ptr() == cache.host.data_ptr()
+    b = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=1, device="cuda").sample(
+        small_dataset.train_idx[:200]
+    )
+    plan = s.plan(b.n_id)
+    assert plan.lookup.host_pos.numel() > 0
+    assert plan.lookup.host_pos.device.type == ("cuda" if device_path else "cpu")
+    x = s.assemble(plan, s.read(plan))
+    assert (plan.host_rows is None) is device_path
+    assert torch.equal(x.cpu(), node_features(b.n_id.cpu(), dim=100, seed=3))
     s.close()

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from carina.gnn.cache import CacheConfig, HotnessSource
+from carina.gnn.hostpath import HostGather
 from carina.gnn.runner import Compare, RunConfig, run_training, train_once
 from carina.gnn.sampler import NeighborSampler
 from carina.gnn.train import GNN, InMemoryFeatures, ModelKind, TrainConfig, train_step
@@ -18,9 +19,19 @@ def _cfg(model="sage", depth=3, hot="presample", gpu=300, host=600, batches=5):
     )
 
 
-@pytest.mark.parametrize("model,depth,hot", [("sage", 3, "presample"), ("gcn", 2, "degree"), ("sage", 1, "degree")])
-def test_out_of_core_losses_equal_in_memory(small_dataset, model, depth, hot):
-    report = run_training(small_dataset, _cfg(model, depth, hot))
+@pytest.mark.parametrize(
+    "model,depth,hot,host_gather",
+    [
+        ("sage", 3, "presample", "cpu"),
+        ("gcn", 2, "degree", "cpu"),
+        ("sage", 1, "degree", "cpu"),
+        ("sage", 3, "degree", "device"),
+    ],
+)
+def test_out_of_core_losses_equal_in_memory(small_dataset, model, depth, hot, host_gather):
+    cfg = _cfg(model, depth, hot)
+    cfg.store.host_gather = HostGather(host_gather)
+    report = run_training(small_dataset, cfg)
     assert report.losses_equal is True
     assert report.out_of_core["losses"] == report.in_memory["losses"]
     assert len(report.out_of_core["losses"]) == 5

@@ -81,7 +81,8 @@ class CacheLookup:
 
     Attributes:
         gpu_pos / gpu_slot: Batch positions served by the GPU slice, and their slots.
-        host_pos / host_slot: Same for the host slice.
+        host_pos / host_slot: Same for the host slice (on the CPU, or on the cache device when
+            the device gathers them).
         miss_pos: Batch positions to read from disk.
         miss_ids: Their node ids, on the CPU, sorted ascending (``miss_pos`` follows).
     """
@@ -152,19 +153,25 @@ class StaticCache:
             "host": self.host.numel() * self.host.element_size(),
         }
 
-    def lookup(self, n_id: torch.Tensor) -> CacheLookup:
-        """Split a batch's node ids (unique, on the cache device) by tier."""
+    def lookup(self, n_id: torch.Tensor, *, host_on_device: bool = False) -> CacheLookup:
+        """Split a batch's node ids (unique, on the cache device) by tier.
+
+        The host tier's positions and slots come to the CPU (where the IO thread gathers the
+        rows), or stay on the cache device with ``host_on_device`` (the device gathers them:
+        :class:`carina.gnn.hostpath.HostGather`), which saves their copy and its synchronisation.
+        """
         s = self.slot[n_id.to(self.device)]
         gpu_pos = torch.nonzero(s >= 0).flatten()
         host_pos = torch.nonzero(s <= -2).flatten()
         miss_pos = torch.nonzero(s == MISS).flatten()
         miss_ids = n_id[miss_pos].cpu()
         miss_ids, order = torch.sort(miss_ids)
+        host_slot = (-2 - s[host_pos]).to(torch.int64)
         return CacheLookup(
             gpu_pos=gpu_pos,
             gpu_slot=s[gpu_pos].to(torch.int64),
-            host_pos=host_pos.cpu(),
-            host_slot=(-2 - s[host_pos]).to(torch.int64).cpu(),
+            host_pos=host_pos if host_on_device else host_pos.cpu(),
+            host_slot=host_slot if host_on_device else host_slot.cpu(),
             miss_pos=miss_pos[order.to(miss_pos.device)],
             miss_ids=miss_ids,
         )

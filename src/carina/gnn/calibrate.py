@@ -4,10 +4,13 @@
 sequential reads through :mod:`carina.io` (vectorised gathers, as the feature store
 reads; ``O_DIRECT`` where the file system allows it) on a scratch file, then random
 reads of several pages each, which say whether the disk adds a request's cost to its
-bytes or overlaps them (``MachineSpec.disk_cost``, :func:`pick_disk_cost`),
-host->device copies (pinned, or a host memcpy on a CPU-only machine) and
-scattered row gathers in host memory. Pass the :class:`~carina.io.IOConfig` the
-store will read with: the IOPS depend on the queue depth.
+bytes or overlaps them (``MachineSpec.disk_cost``, :func:`pick_disk_cost`; the probe's
+time is kept in the spec), host->device copies (pinned, or a host memcpy on a CPU-only
+machine), scattered row gathers in host memory into a reused output (as the store
+gathers into its staging), and on CUDA the GPU's gather of rows from pinned host memory
+mapped into its address space, at two row sizes (``uva_gbps`` and ``uva_row_ns``). Pass
+the :class:`~carina.io.IOConfig` the store will read with: the IOPS depend on the queue
+depth.
 :func:`profile_workload` samples batches to measure sampling and training time
 per batch, unique nodes per batch and the hotness curve: nodes ranked on one
 set of pre-sampled batches, hit shares counted on another, so the curve
@@ -19,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +36,7 @@ from carina.gnn.sampler import NeighborSampler
 from carina.gnn.train import GNN, train_step
 from carina.io import FileHandle, IOConfig, IOEngine, aligned_buffer
 
-__all__ = ["calibrate_machine", "hotness_curve", "pick_disk_cost", "profile_workload"]
+__all__ = ["calibrate_machine", "hotness_curve", "pick_disk_cost", "profile_workload", "uva_fit"]
 
 _MB = 1 << 20
 
@@ -43,13 +47,15 @@ def calibrate_machine(
     """Measure disk, copy and gather rates; the scratch file is removed afterwards."""
     path = Path(scratch_dir) / ".carina-gnn-calibrate.bin"
     try:
-        iops, bw, form = _disk(path, size_mb, io or IOConfig())
+        iops, bw, probe = _disk(path, size_mb, io or IOConfig())
     finally:
         path.unlink(missing_ok=True)
     cuda = device.startswith("cuda")
     name = torch.cuda.get_device_name() if cuda else "cpu"
     gpu_gb = torch.cuda.get_device_properties(device).total_memory / 1e9 if cuda else 0.0
     host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    gather = _gather_rate()
+    uva_bps, uva_row_s = _uva_rates(device) if cuda else (gather, 0.0)  # a CPU reads its host slice itself
     return MachineSpec(
         name=name,
         gpu_mem_gb=gpu_gb,
@@ -58,13 +64,26 @@ def calibrate_machine(
         ssd_read_gbps=bw / 1e9,
         ssd_iops=iops,
         pcie_gbps=_copy_rate(device) / 1e9,
-        host_gather_gbps=_gather_rate() / 1e9,
-        bus_limit_gbps=_copy_rate(device) / 1e9 if device.startswith("cuda") else 64.0,
-        disk_cost=form,
+        host_gather_gbps=gather / 1e9,
+        bus_limit_gbps=_copy_rate(device) / 1e9 if cuda else 64.0,
+        disk_cost=probe.form,
+        uva_gbps=uva_bps / 1e9,
+        uva_row_ns=uva_row_s * 1e9,
+        disk_probe_pages=probe.pages,
+        disk_probe_us=probe.seconds_per_read * 1e6,
     )
 
 
-def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float, str]:
+@dataclass
+class _Probe:
+    """The disk-form probe: reads of ``pages`` pages each, their mean time at depth, the form picked."""
+
+    form: str
+    pages: int
+    seconds_per_read: float
+
+
+def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float, _Probe]:
     size = size_mb * _MB
     with path.open("wb") as f:
         chunk = np.random.default_rng(0).integers(0, 255, _MB, dtype=np.uint8).tobytes()
@@ -81,12 +100,12 @@ def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float, str]:
         for off in range(0, size - per * _MB + 1, per * _MB):
             eng.gather(h, off + _MB * np.arange(per), _MB, big, coalesce=False).result()
         bw = size / (time.perf_counter() - t0)
-        form = _disk_form(eng, h, size // 4096, iops, bw)
+        probe = _disk_form(eng, h, size // 4096, iops, bw)
         eng.close_file(h)
-    return iops, bw, form
+    return iops, bw, probe
 
 
-def _disk_form(eng: IOEngine, h: FileHandle, pages: int, iops: float, bw: float) -> str:
+def _disk_form(eng: IOEngine, h: FileHandle, pages: int, iops: float, bw: float) -> _Probe:
     """The disk cost form that fits random reads of ``g`` pages (:func:`pick_disk_cost`).
 
     ``g`` is where a request's cost equals its bytes', so the two forms differ by 2x there.
@@ -97,25 +116,32 @@ def _disk_form(eng: IOEngine, h: FileHandle, pages: int, iops: float, bw: float)
     buf = aligned_buffer(g * 4096 * reads)
     t0 = time.perf_counter()
     eng.gather(h, at, g * 4096, buf, coalesce=False).result()
-    return pick_disk_cost(time.perf_counter() - t0, reads=reads, pages_per_read=g, iops=iops, bandwidth=bw)
+    took = time.perf_counter() - t0
+    form = pick_disk_cost(took, reads=reads, pages_per_read=g, iops=iops, bandwidth=bw)
+    return _Probe(form=form, pages=g, seconds_per_read=took / reads)
 
 
 def pick_disk_cost(seconds: float, *, reads: int, pages_per_read: int, iops: float, bandwidth: float) -> str:
     """``"additive"`` or ``"overlapped"``, whichever prices the reads nearer (by ratio).
 
-    ``reads`` reads of ``pages_per_read`` pages each took ``seconds``.
+    ``reads`` reads of ``pages_per_read`` pages each took ``seconds``; the forms are
+    :func:`carina.gnn.diskcost.disk_seconds`'s (one page's transfer is part of ``1 / IOPS``).
     """
-    per_request, transfer = reads / iops, reads * pages_per_read * 4096 / bandwidth
-    additive, overlapped = per_request + transfer, max(per_request, transfer)
+    page_s = 4096 / bandwidth
+    transfer = reads * pages_per_read * page_s
+    additive = reads * max(0.0, 1.0 / iops - page_s) + transfer
+    overlapped = max(reads / iops, transfer)
     return "additive" if abs(math.log(seconds / additive)) < abs(math.log(seconds / overlapped)) else "overlapped"
 
 
-def _random_reads(eng: IOEngine, h: FileHandle, pages: int, reads: int = 16384) -> float:
+def _random_reads(eng: IOEngine, h: FileHandle, pages: int, reads: int = 65536) -> float:
     """4 KiB reads per second at random pages, through the gather path the feature store uses.
 
     The reads go to the engine as one vectorised gather (at the engine's queue depth), so
     the figure is the disk's, not the cost of making a Python request per read (which
-    capped an earlier version of this measurement at ~15-19k reads/s).
+    capped an earlier version of this measurement at ~15-19k reads/s). 65,536 reads (16,384
+    until session 10, about 0.2 s on the H200, whose 74k then stood below the 72-104k IOs/s
+    the benchmark's batches read at in the same lane).
     """
     at = np.random.default_rng(1).integers(0, pages, reads) * 4096
     buf = aligned_buffer(4096 * reads)
@@ -146,14 +172,60 @@ def _copy_rate(device: str) -> float:
     return 4 * n / (time.perf_counter() - t0)
 
 
-def _gather_rate() -> float:
-    x = torch.randn(1 << 18, 128)
-    idx = torch.randint(0, x.shape[0], (1 << 16,))
-    x.index_select(0, idx)
+def _gather_rate(rows: int = 1 << 19, dim: int = 128, batch: int = 1 << 16) -> float:
+    """Bytes/s of gathering random 512 B rows of a 256 MB table into a reused output, as the store does.
+
+    The store gathers its host hits into staging memory that is reused from batch to batch; a fresh
+    output per call (what this measured until session 10) also timed the page faults of new memory:
+    the H200's calibration said 4.26 GB/s while the IO thread's gathers in the same lane ran at
+    7.9-8.4 GB/s and the host-gather peer's at 9.3-9.9 GB/s (``gnn_outofcore_*_h200_s9``).
+    """
+    x = torch.ones(rows, dim)
+    idx = torch.randint(0, rows, (batch,), generator=torch.Generator().manual_seed(3))
+    out = torch.empty(batch, dim)
+    torch.index_select(x, 0, idx, out=out)  # faults the output in, warms the thread pool
     t0 = time.perf_counter()
     for _ in range(8):
-        x.index_select(0, idx)
-    return 8 * idx.numel() * 128 * 4 / (time.perf_counter() - t0)
+        torch.index_select(x, 0, idx, out=out)
+    return 8 * batch * dim * x.element_size() / (time.perf_counter() - t0)
+
+
+def _uva_rates(device: str, *, table_mb: int = 256, batch: int = 1 << 16) -> tuple[float, float]:
+    """The GPU gathering rows of pinned host memory in place: ``(bytes/s, seconds per row)``.
+
+    Times ``batch`` random rows at 512 B and at 4 KiB from one pinned table mapped into the
+    device (:func:`carina.memory.mapped.mapped_view`) and solves ``t = rows (row / B + t_row)``
+    from the two (the GPU reads small rows at a lower rate: on the H200 the zero-copy peer reached
+    about 21 GB/s with 512 B rows and 52 GB/s with 4 KiB rows, ``gnn_outofcore_*_h200_s9``).
+    """
+    from carina.memory.mapped import mapped_view
+
+    host = torch.ones(table_mb * _MB, dtype=torch.uint8).pin_memory()
+    times = {}
+    for row in (512, 4096):
+        table = host.view(-1, row)
+        view = mapped_view(table, torch.device(device))
+        idx = torch.randint(0, table.shape[0], (batch,), device=device)
+        out = torch.empty(batch, row, dtype=torch.uint8, device=device)
+        torch.index_select(view, 0, idx, out=out)
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(4):
+            torch.index_select(view, 0, idx, out=out)
+        torch.cuda.synchronize(device)
+        times[row] = (time.perf_counter() - t0) / 4 / batch  # seconds per row
+    return uva_fit(times[512], times[4096])
+
+
+def uva_fit(small_s: float, large_s: float, *, small: int = 512, large: int = 4096) -> tuple[float, float]:
+    """``(bytes/s, seconds per row)`` of ``t(row) = row / B + t_row`` through two rows' times.
+
+    A per-row time that would come out negative (the small rows relatively faster) is taken as 0
+    and the rate from the large rows alone.
+    """
+    rate = (large - small) / (large_s - small_s) if large_s > small_s else large / large_s
+    per_row = small_s - small / rate
+    return (rate, per_row) if per_row >= 0 else (large / large_s, 0.0)
 
 
 def hotness_curve(

@@ -81,6 +81,9 @@ def train(
     host_cache: Annotated[float, typer.Option(help="Share of rows cached in host memory (0..1).")] = 0.1,
     hotness: Annotated[str, typer.Option(help="presample or degree.")] = "presample",
     depth: Annotated[int, typer.Option(help="Batches in flight (1 = serial).")] = 3,
+    host_gather: Annotated[
+        str, typer.Option(help="Who gathers host-cache hits: auto, cpu (IO thread) or device (GPU, in place).")
+    ] = "auto",
     max_batches: Annotated[int, typer.Option(help="Stop after this many batches (0 = epoch).")] = 0,
     compare: Annotated[str, typer.Option(help="in-memory or none: baseline in the same run.")] = "in-memory",
     deterministic: Annotated[bool, typer.Option(help="Deterministic torch algorithms (bitwise on CUDA).")] = False,
@@ -90,7 +93,9 @@ def train(
     from carina.core.config import choice
     from carina.gnn.cache import CacheConfig, HotnessSource
     from carina.gnn.dataset import Dataset
+    from carina.gnn.hostpath import HostGather
     from carina.gnn.runner import Compare, RunConfig, run_training
+    from carina.gnn.store import StoreConfig
     from carina.gnn.train import ModelKind, TrainConfig
 
     train_cfg = TrainConfig(
@@ -103,11 +108,13 @@ def train(
         deterministic=deterministic,
     )
     source, baseline = choice(HotnessSource, hotness, key="hotness"), choice(Compare, compare, key="compare")
+    store = StoreConfig(host_gather=choice(HostGather, host_gather, key="host_gather"))
     ds = Dataset.open(dataset)
     n = ds.manifest.num_nodes
     cfg = RunConfig(
         train=train_cfg,
         cache=CacheConfig(gpu_rows=int(gpu_cache * n), host_rows=int(host_cache * n), hotness=source),
+        store=store,
         device=device,
         compare=baseline,
     )
@@ -213,24 +220,23 @@ def plan(
         emit_json({"machine": spec.to_dict(), "workload": work.to_dict(), "best": best, "candidates": cands})
         return
     rows = _plan_rows(cands)
-    cols = ["SSDs", "sample ms", "disk ms", "gather ms", "transfer ms", "compute ms", "bottleneck", "epoch s"]
-    cols += ["seeds/s", "TPC x1e3"]
+    cols = ["SSDs", "host gather", "sample ms", "disk ms", "gather ms", "transfer ms", "device gather ms"]
+    cols += ["compute ms", "bottleneck", "epoch s", "seeds/s", "TPC x1e3"]
     print_table(rows, columns=cols, title=f"plan for {spec.name} (predicted)")
     typer.echo(
         f"recommended: {int(best.config['ssd_count'])} SSDs, GPU cache {int(best.config['gpu_cache_rows'])} rows, "
-        f"host cache {int(best.config['host_cache_rows'])} rows -> {best.seeds_per_s:.0f} seeds/s"
+        f"host cache {int(best.config['host_cache_rows'])} rows, host gather on the {best.host_gather}, "
+        f"reads through holes of up to {int(best.config['gap_pages'])} pages -> {best.seeds_per_s:.0f} seeds/s"
     )
 
 
 def _plan_rows(cands: list[Any]) -> list[tuple[Any, ...]]:
+    stages = ("sample", "disk", "gather", "transfer", "device_gather", "compute")
     return [
         (
             int(p.config["ssd_count"]),
-            f"{p.stages['sample'] * 1e3:.2f}",
-            f"{p.stages['disk'] * 1e3:.2f}",
-            f"{p.stages['gather'] * 1e3:.2f}",
-            f"{p.stages['transfer'] * 1e3:.2f}",
-            f"{p.stages['compute'] * 1e3:.2f}",
+            p.host_gather,
+            *(f"{p.stages[k] * 1e3:.2f}" for k in stages),
             p.bottleneck,
             f"{p.epoch_s:.2f}",
             f"{p.seeds_per_s:.0f}",

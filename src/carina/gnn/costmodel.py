@@ -4,25 +4,26 @@ Per batch, with ``U`` unique input nodes of which a fraction ``h_g`` hit the GPU
 cache and ``h_c`` the host cache (read off the measured hotness curve at the
 cache sizes), the stages are::
 
-    sample    = measured sampling time per batch (GPU or CPU sampler)
-    compute   = measured forward + backward + step per batch
-    gather    = U h_c row / B_gather                                 (host-cache hits, CPU)
-    transfer  = U (1 - h_g) row / B_pcie                             (host -> device, pinned)
-    disk      = IOs / (k IOPS) + pages 4 KiB / (k B_disk)            (k SSDs, additive)
-             or max(IOs / (k IOPS), pages 4 KiB / (k B_disk))       (disk_cost="overlapped")
+    sample         = measured sampling time per batch (GPU or CPU sampler)
+    compute        = measured forward + backward + step per batch
+    disk           = carina.gnn.diskcost.disk_seconds(IOs, pages)   (the missed rows' reads, k SSDs)
+    host gather on the CPU (host_gather "cpu"):
+      gather       = U h_c row / B_gather                              (the IO thread, into staging)
+      transfer     = U (1 - h_g) row / B_pcie                          (staged rows to the device)
+    host gather on the device (host_gather "device"):
+      device_gather = U h_c (row / B_uva + t_row)                      (the device reads the slice in place)
+      transfer     = U (1 - h_g - h_c) row / B_pcie                    (the missed rows only)
 
-Pages touched by ``m`` misses spread over ``P`` file pages: ``P (1 - exp(-m r / P))``
-with ``r`` pages per row; IOs are the pages whose predecessor was not read
-(``pages (1 - pages / P)``). The pipeline runs lanes side by side: the IO thread
-(disk reads, then the host-cache gather into pinned staging memory: lane ``disk``)
-and the device. When the sampler runs on the training device
-(``WorkloadProfile.sample_lane == "shared"``, what :mod:`carina.gnn.runner` does)
-its kernels queue on the same stream as the copies and the step, so the device
-lane is ``sample + transfer + compute`` (lane ``compute``) and
-``T_batch = max(disk + gather, sample + transfer + compute)``; a sampler with a
-device of its own (``"own"``) is a third lane, ``max(sample, disk + gather,
-transfer + compute)``. Without overlap the batch is the sum of the stages.
-Throughput per dollar divides seeds/s by the machine's price (base + GPU + k SSDs).
+The pipeline runs lanes side by side: the IO thread (disk reads, then the CPU
+gather of host hits: lane ``disk``) and the device. When the sampler runs on the
+training device (``WorkloadProfile.sample_lane == "shared"``, what
+:mod:`carina.gnn.runner` does) its kernels queue on the same stream as the copies,
+the device gather and the step, so the device lane is
+``sample + transfer + device_gather + compute`` (lane ``compute``) and
+``T_batch = max(disk + gather, device lane)``; a sampler with a device of its
+own (``"own"``) is a third lane. Without overlap the batch is the sum of the
+stages. Throughput per dollar divides seeds/s by the machine's price
+(base + GPU + k SSDs).
 
 Why ``shared``: on the H200 (session 8, ``gnn_outofcore_papers_25x10_h200``) the
 profiled sampler took 7.6 ms per [25,10] @ 8000 batch alone and the step 5.8 ms,
@@ -38,7 +39,9 @@ import math
 from dataclasses import dataclass, field
 
 from carina.core.config import Config, require
-from carina.core.errors import CapacityError
+from carina.core.errors import CapacityError, ConfigError
+from carina.gnn.diskcost import DISK_COSTS, best_gap_pages, disk_requests, disk_seconds
+from carina.gnn.hostpath import HostGather
 
 __all__ = [
     "SAMPLE_LANES",
@@ -53,8 +56,6 @@ __all__ = [
     "recommend",
 ]
 
-PAGE = 4096
-DISK_COSTS = ("additive", "overlapped")
 SAMPLE_LANES = ("shared", "own")
 
 
@@ -79,12 +80,15 @@ class MachineSpec(Config):
         gpu_mem_gb / host_mem_gb: Memory available for caches (GB).
         base_price_usd / gpu_price_usd / ssd_price_usd: Prices for TPC.
         bus_limit_gbps: Aggregate SSD bandwidth the host can take (PCIe lanes).
-        disk_cost: How a read's cost combines its count and its bytes: ``"additive"``
-            (each request costs ``1 / IOPS + bytes / bandwidth``: a disk that serves
-            requests one after another, like the H100 machine's virtio disk, where it
-            matched the measured batch time) or ``"overlapped"`` (IOPS and bandwidth are
-            independent limits, ``max`` of the two: a drive whose internal parallelism
-            hides per-request cost behind transfers; an optimistic bound).
+        disk_cost: How a read's cost combines its count and its bytes (:mod:`carina.gnn.diskcost`):
+            ``"additive"`` (a fixed cost per request plus its pages at the bandwidth) or
+            ``"overlapped"`` (the larger of the request count at the IOPS and the bytes at the
+            bandwidth: an optimistic bound).
+        uva_gbps / uva_row_ns: The device's gather of rows from host memory read in place (on
+            CUDA: pinned memory mapped into the GPU), ``rows (row / B + t_row)``; 0: not
+            measured (the ``device`` host path cannot be priced).
+        disk_probe_pages / disk_probe_us: The calibration's probe of the disk form: random
+            reads of that many pages each, microseconds per read at depth (0: not probed).
     """
 
     name: str = "machine"
@@ -100,13 +104,24 @@ class MachineSpec(Config):
     ssd_price_usd: float = 308.0
     bus_limit_gbps: float = 25.0
     disk_cost: str = "additive"
+    uva_gbps: float = 0.0
+    uva_row_ns: float = 0.0
+    disk_probe_pages: int = 0
+    disk_probe_us: float = 0.0
 
     def validate(self) -> None:
-        """All rates positive; a known disk cost model."""
+        """All rates positive (the device gather's: or 0, not measured); a known disk cost model."""
         require(self.disk_cost in DISK_COSTS, f"disk_cost must be one of {DISK_COSTS}", key="disk_cost")
         for key in ("ssd_read_gbps", "ssd_iops", "pcie_gbps", "host_gather_gbps", "bus_limit_gbps"):
             require(getattr(self, key) > 0, f"{key} must be positive", key=key)
+        for key in ("uva_gbps", "uva_row_ns", "disk_probe_pages", "disk_probe_us"):
+            require(getattr(self, key) >= 0, f"{key} must be >= 0", key=key)
         require(self.ssd_count >= 0, "ssd_count must be >= 0", key="ssd_count")
+
+    @property
+    def device_gather_priced(self) -> bool:
+        """Whether the ``device`` host path has a measured rate."""
+        return self.uva_gbps > 0
 
     @property
     def price_usd(self) -> float:
@@ -168,7 +183,7 @@ def hit_rate(curve: list[float], fraction: float) -> float:
 
 @dataclass
 class Prediction:
-    """Predicted per-batch stage times (s), the bottleneck, epoch time and TPC."""
+    """Predicted per-batch stage times (s), lane times, the bottleneck, epoch time and TPC."""
 
     stages: dict[str, float]
     batch_s: float
@@ -181,6 +196,8 @@ class Prediction:
     disk_pages: float
     disk_ios: float
     config: dict[str, float] = field(default_factory=dict)
+    host_gather: str = "cpu"
+    lanes: dict[str, float] = field(default_factory=dict)  # disk (the IO thread), compute (the device), [sample]
 
 
 def predict(
@@ -191,8 +208,17 @@ def predict(
     host_cache_rows: int,
     overlap: Overlap = Overlap.PIPELINED,
     gap_pages: int = 0,
+    host_gather: HostGather = HostGather.CPU,
 ) -> Prediction:
-    """Predict one configuration (cache sizes in rows, read-gap policy) on ``machine``."""
+    """Predict one configuration (cache sizes in rows, read-gap policy, host path) on ``machine``.
+
+    ``host_gather``: ``cpu`` or ``device`` (module docstring); ``auto`` is ``device`` where the
+    machine has a measured device-gather rate (a CUDA calibration), as the store's ``auto`` is on CUDA.
+
+    Raises:
+        CapacityError: Rows miss the caches and the machine has no SSD.
+        ConfigError: ``device`` asked of a machine without a device-gather rate.
+    """
     n = work.num_nodes
     gpu_rows = min(gpu_cache_rows, n)
     host_rows = min(host_cache_rows, n - gpu_rows)
@@ -200,14 +226,14 @@ def predict(
     h_c = hit_rate(work.hotness_curve, (gpu_rows + host_rows) / n) - h_g
     u = work.unique_per_batch
     misses = u * (1.0 - h_g - h_c)
-    pages, ios = _disk_requests(misses, work, gap_pages)
+    pages, ios = disk_requests(misses, num_nodes=n, row_stride=work.row_stride, gap_pages=gap_pages)
     k = machine.ssd_count
     if k == 0 and misses > 1e-9:
         raise CapacityError("no SSD but rows miss the caches", misses_per_batch=misses)
     disk = disk_seconds(machine, ios, pages) if k and misses > 0 else 0.0
-    transfer = u * (1 - h_g) * work.row_bytes / (machine.pcie_gbps * 1e9)
-    gather = u * h_c * work.row_bytes / (machine.host_gather_gbps * 1e9)
-    stages = {"sample": work.sample_s, "disk": disk, "gather": gather, "transfer": transfer, "compute": work.compute_s}
+    path = _host_path(machine, host_gather)
+    stages = {"sample": work.sample_s, "disk": disk} | _host_stages(machine, work, h_g, h_c, path)
+    stages["compute"] = work.compute_s
     lanes = _lanes(stages, work.sample_lane)
     if overlap is Overlap.PIPELINED:
         bottleneck = max(lanes, key=lambda s: lanes[s])
@@ -227,66 +253,49 @@ def predict(
         host_hit=h_c,
         disk_pages=pages,
         disk_ios=ios,
-        config={"gpu_cache_rows": gpu_rows, "host_cache_rows": host_rows, "ssd_count": k},
+        config={"gpu_cache_rows": gpu_rows, "host_cache_rows": host_rows, "ssd_count": k, "gap_pages": gap_pages},
+        host_gather=path.value,
+        lanes=lanes,
     )
+
+
+def _host_path(machine: MachineSpec, mode: HostGather) -> HostGather:
+    if mode is HostGather.AUTO:
+        return HostGather.DEVICE if machine.device_gather_priced else HostGather.CPU
+    if mode is HostGather.DEVICE and not machine.device_gather_priced:
+        raise ConfigError(
+            "the device host path needs a measured uva_gbps (carina gnn calibrate on CUDA)", key="uva_gbps"
+        )
+    return mode
+
+
+def _host_stages(
+    machine: MachineSpec, work: WorkloadProfile, h_g: float, h_c: float, path: HostGather
+) -> dict[str, float]:
+    """The host path's stages: ``gather``, ``transfer`` and ``device_gather``, seconds per batch.
+
+    ``gather``: the CPU on the IO thread; ``transfer``: copies to the device; ``device_gather``: the
+    device reading the host hits in place, at ``uva_gbps`` plus ``uva_row_ns`` a row.
+    """
+    u, row = work.unique_per_batch, work.row_bytes
+    on_device = path is HostGather.DEVICE
+    per_row = row / (machine.uva_gbps * 1e9) + machine.uva_row_ns * 1e-9 if on_device else 0.0
+    return {
+        "gather": 0.0 if on_device else u * h_c * row / (machine.host_gather_gbps * 1e9),
+        "transfer": u * (1 - h_g - (h_c if on_device else 0.0)) * row / (machine.pcie_gbps * 1e9),
+        "device_gather": u * h_c * per_row,
+    }
 
 
 def _lanes(stages: dict[str, float], sample_lane: str) -> dict[str, float]:
     """Seconds per batch of each pipeline lane: the IO thread, the device, and a sampler of its own."""
-    lanes = {"disk": stages["disk"] + stages["gather"], "compute": stages["transfer"] + stages["compute"]}
+    device = stages["transfer"] + stages.get("device_gather", 0.0) + stages["compute"]
+    lanes = {"disk": stages["disk"] + stages["gather"], "compute": device}
     if sample_lane == "shared":
         lanes["compute"] += stages["sample"]
     else:
         lanes["sample"] = stages["sample"]
     return lanes
-
-
-def disk_seconds(machine: MachineSpec, ios: float, pages: float) -> float:
-    """Time for ``ios`` requests reading ``pages`` 4 KiB pages in all, striped over the SSDs.
-
-    ``machine.disk_cost`` picks the form: ``IOs / (k IOPS) + bytes / B`` (additive) or
-    ``max`` of the two terms (overlapped), with ``B = min(k B_ssd, B_bus)``.
-    """
-    k = machine.ssd_count
-    if k == 0 or pages <= 0:
-        return 0.0
-    per_request = ios / (k * machine.ssd_iops)
-    transfer = pages * PAGE / (min(k * machine.ssd_read_gbps, machine.bus_limit_gbps) * 1e9)
-    return per_request + transfer if machine.disk_cost == "additive" else max(per_request, transfer)
-
-
-def _disk_requests(misses: float, work: WorkloadProfile, gap_pages: int = 0) -> tuple[float, float]:
-    """Expected pages read and IOs for ``misses`` rows scattered over the file.
-
-    Touched pages have density ``rho`` over the file. A run continues across a hole
-    of ``j <= gap_pages`` unneeded pages (read and discarded) and breaks at a longer
-    one, so IOs are ``touched (1 - rho)^(gap+1)`` and each touched page drags in
-    ``sum_{j<=gap} j rho (1 - rho)^j`` hole pages on average.
-    """
-    if misses <= 0:
-        return 0.0, 0.0
-    file_pages = max(1.0, work.num_nodes * work.row_stride / PAGE)
-    if work.row_stride < PAGE:  # several rows share a page: pages dedup
-        touched = file_pages * (1.0 - math.exp(-misses / file_pages))
-    else:
-        touched = misses * work.row_stride / PAGE
-    rho = min(1.0, touched / file_pages)
-    ios = touched * (1.0 - rho) ** (gap_pages + 1)
-    holes = sum(j * rho * (1.0 - rho) ** j for j in range(1, gap_pages + 1))
-    return touched * (1.0 + holes), ios
-
-
-def best_gap_pages(machine: MachineSpec, *, limit: int = 255) -> int:
-    """Largest hole worth reading through: an IO of ``g + 1`` pages costs no more than a 1-page IO.
-
-    Reading through a hole of ``g`` pages costs ``g`` pages of transfer and saves one
-    request, so it pays while ``g 4 KiB / bandwidth <= 1 / IOPS``. The same bound holds
-    for both disk cost models: additive (the saved request's ``1 / IOPS`` against the
-    extra bytes) and overlapped (an IOPS-bound read of up to ``bandwidth / IOPS`` bytes
-    costs the same as a one-page read).
-    """
-    pages = machine.ssd_read_gbps * 1e9 / (machine.ssd_iops * PAGE)
-    return int(max(0, min(limit, math.floor(pages) - 1)))
 
 
 def recommend(
@@ -302,8 +311,9 @@ def recommend(
 
     Caches are as large as the memory left after the reserves (more cache never
     hurts in this model) and reads merge holes up to :func:`best_gap_pages`; the
-    search is over the SSD count. Returns the best
-    prediction and every candidate considered.
+    search is over the SSD count and, where the machine has a device-gather rate, the host
+    path (``cpu`` or ``device``, the faster per SSD count). Returns the best prediction and
+    the candidate kept for each SSD count.
 
     Raises:
         CapacityError: No SSD count fits the budget.
@@ -313,13 +323,18 @@ def recommend(
     gpu_rows = min(gpu_rows, work.num_nodes)
     host_rows = min(host_rows, work.num_nodes - gpu_rows)
     fits_in_memory = gpu_rows + host_rows >= work.num_nodes
+    paths = [HostGather.CPU, HostGather.DEVICE] if machine.device_gather_priced and host_rows else [HostGather.CPU]
     candidates: list[Prediction] = []
     for k in range(0 if fits_in_memory else 1, max_ssds + 1):
         m = MachineSpec.from_dict({**machine.to_dict(), "ssd_count": k})
         if budget_usd is not None and m.price_usd > budget_usd:
             continue
         gap = best_gap_pages(m)
-        candidates.append(predict(m, work, gpu_cache_rows=gpu_rows, host_cache_rows=host_rows, gap_pages=gap))
+        per_path = [
+            predict(m, work, gpu_cache_rows=gpu_rows, host_cache_rows=host_rows, gap_pages=gap, host_gather=h)
+            for h in paths
+        ]
+        candidates.append(min(per_path, key=lambda p: p.batch_s))
     if not candidates:
         raise CapacityError("no SSD count fits the budget", budget_usd=budget_usd)
     return max(candidates, key=lambda p: p.tpc), candidates

@@ -48,7 +48,11 @@ class FeatureSource(Protocol):
 
 @dataclass
 class StageTimes:
-    """Seconds spent in each stage, summed over batches (stages overlap in time)."""
+    """Seconds spent in each stage, summed over batches (stages overlap in time), and each call's.
+
+    :attr:`calls` keeps every call's seconds in order, so a measurement can leave out the
+    warm-up batches (the first call of a stage also pays for fresh buffers and kernels).
+    """
 
     sample: float = 0.0
     plan: float = 0.0
@@ -56,13 +60,15 @@ class StageTimes:
     assemble: float = 0.0
     batches: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, list[float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` to stage ``name`` (one more call of it in :attr:`counts`)."""
+        """Add ``seconds`` to stage ``name`` (one more call of it in :attr:`counts` and :attr:`calls`)."""
         with self._lock:
             setattr(self, name, getattr(self, name) + seconds)
             self.counts[name] = self.counts.get(name, 0) + 1
+            self.calls.setdefault(name, []).append(seconds)
 
     def as_dict(self) -> dict[str, float]:
         """Per-stage totals."""
@@ -72,6 +78,11 @@ class StageTimes:
         """How many times each stage ran (a read ahead that nobody trained on counts too)."""
         with self._lock:
             return {k: self.counts.get(k, 0) for k in ("sample", "plan", "read", "assemble")}
+
+    def as_calls(self) -> dict[str, list[float]]:
+        """Each stage's calls, in the order they ran."""
+        with self._lock:
+            return {k: list(self.calls.get(k, [])) for k in ("sample", "plan", "read", "assemble")}
 
 
 class FeaturePipeline:

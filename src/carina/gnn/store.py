@@ -12,11 +12,14 @@ different threads:
    page buffer. One gather, not one ``read_batch`` request (a Python future,
    view and transfer) per run: that per-request work capped the store at about
    15-19k requests/s on one core, below the 90k IOPS the H200's disk serves,
-   and it was what the calibration measured as the disk's IOPS. The same stage
-   gathers the host-cache hits (:attr:`FetchPlan.host_rows`), so that CPU work
-   runs on the IO thread, not on the training thread.
+   and it was what the calibration measured as the disk's IOPS. On the ``cpu``
+   host path the same stage gathers the host-cache hits
+   (:attr:`FetchPlan.host_rows`), so that CPU work runs on the IO thread, not on
+   the training thread.
 3. :meth:`OutOfCoreFeatures.assemble` writes GPU hits, host hits and read rows
-   into one device tensor in batch order.
+   into one device tensor in batch order; on the ``device`` host path the device
+   gathers the host hits here, from the host slice read in place
+   (:mod:`carina.gnn.hostpath`).
 
 Rows bound for a CUDA device are staged in pinned memory and copied without
 blocking. Session 8 on the H200 measured what pageable staging cost: at 100%
@@ -41,6 +44,7 @@ from carina.core.config import Config, require
 from carina.core.errors import ConfigError
 from carina.gnn.cache import CacheLookup, StaticCache
 from carina.gnn.dataset import PAGE, Dataset
+from carina.gnn.hostpath import HostGather, resolve
 
 __all__ = ["FetchPlan", "FetchStats", "OutOfCoreFeatures", "PageRuns", "StoreConfig", "page_runs"]
 
@@ -53,10 +57,14 @@ class StoreConfig(Config):
         gap_pages: Merge runs separated by at most this many unneeded pages
             (read and discarded: fewer, larger IOs for more bytes).
         max_run_pages: Largest run in pages (one IO).
+        host_gather: Who gathers the host-cache hits: ``cpu`` (the IO thread, into staging),
+            ``device`` (the compute device, from the host slice read in place) or ``auto``
+            (``device`` on CUDA with a pinned slice, else ``cpu``); see :mod:`carina.gnn.hostpath`.
     """
 
     gap_pages: int = 0
     max_run_pages: int = 64
+    host_gather: HostGather = HostGather.AUTO
 
     def validate(self) -> None:
         """Check ranges."""
@@ -111,7 +119,7 @@ class FetchPlan:
     lookup: CacheLookup
     runs: PageRuns
     row_page: np.ndarray  # first page of each missing row
-    host_rows: torch.Tensor | None = None  # host-cache hits, gathered by the read stage (None: not yet)
+    host_rows: torch.Tensor | None = None  # host-cache hits gathered by the read stage (cpu path; None: not yet)
 
 
 @dataclass
@@ -167,7 +175,10 @@ class OutOfCoreFeatures:
         self.engine = engine
         self.config = config or StoreConfig()
         self.handle = engine.open(str(dataset.features_path), "r")
-        self.cache = cache
+        self.cache: StaticCache | None = None
+        self.host_path = HostGather.CPU
+        self._host_view: torch.Tensor | None = None  # the host slice as the device reads it (device path)
+        self.attach_cache(cache)
         self.stats = FetchStats()
         self.dim = self.manifest.feature_dim
         self.dtype = self.manifest.torch_dtype
@@ -177,8 +188,14 @@ class OutOfCoreFeatures:
         self._pin = self.device.type == "cuda" and torch.cuda.is_available()
 
     def attach_cache(self, cache: StaticCache | None) -> None:
-        """Use ``cache`` (built with :meth:`read_rows` as its fetch function)."""
+        """Use ``cache`` (built with :meth:`read_rows` as its fetch function); resolves the host path.
+
+        Raises:
+            BackendUnavailable: ``host_gather="device"`` and the host slice cannot be read in place.
+        """
         self.cache = cache
+        host = cache.host if cache is not None else None
+        self.host_path, self._host_view = resolve(self.config.host_gather, host, self.device)
 
     def close(self) -> None:
         """Close the feature file (the engine stays open) and drop the spare page buffer."""
@@ -201,7 +218,7 @@ class OutOfCoreFeatures:
 
     def _lookup(self, n_id: torch.Tensor) -> CacheLookup:
         if self.cache is not None:
-            return self.cache.lookup(n_id)
+            return self.cache.lookup(n_id, host_on_device=self.host_path is HostGather.DEVICE)
         empty = torch.zeros(0, dtype=torch.int64)
         ids, order = torch.sort(n_id.cpu())
         return CacheLookup(
@@ -217,8 +234,9 @@ class OutOfCoreFeatures:
     def read(self, plan: FetchPlan, *, count: bool = True) -> torch.Tensor:
         """Read the missing rows of ``plan`` (CPU tensor, in ``miss_ids`` order).
 
-        Also gathers the plan's host-cache hits into :attr:`FetchPlan.host_rows` (this is the
-        pipeline's IO thread). ``count=False`` leaves :attr:`stats` alone (cache filling).
+        On the ``cpu`` host path also gathers the plan's host-cache hits into
+        :attr:`FetchPlan.host_rows` (this is the pipeline's IO thread). ``count=False`` leaves
+        :attr:`stats` alone (cache filling).
         """
         self.stage_host_rows(plan)
         runs = plan.runs
@@ -236,9 +254,11 @@ class OutOfCoreFeatures:
             self._give_back(full)
 
     def stage_host_rows(self, plan: FetchPlan) -> None:
-        """Gather the plan's host-cache hits into (pinned, on CUDA) staging memory, once."""
+        """Gather the plan's host-cache hits into (pinned, on CUDA) staging memory, once (``cpu`` path)."""
         lk = plan.lookup
         if plan.host_rows is not None or self.cache is None or not lk.host_pos.numel():
+            return
+        if self.host_path is HostGather.DEVICE:
             return
         out = self._staging(lk.host_slot.numel())
         plan.host_rows = torch.index_select(self.cache.host, 0, lk.host_slot, out=out)
@@ -282,12 +302,19 @@ class OutOfCoreFeatures:
         if self.cache is not None and lk.gpu_pos.numel():
             out[lk.gpu_pos.to(self.device)] = self.cache.gpu[lk.gpu_slot.to(self.device)]
         if self.cache is not None and lk.host_pos.numel():
-            self.stage_host_rows(plan)  # a no-op after read(): the IO thread staged them
-            assert plan.host_rows is not None
-            out[lk.host_pos.to(self.device)] = plan.host_rows.to(self.device, non_blocking=True)
+            out[lk.host_pos.to(self.device)] = self._host_hits(plan)
         if missing.numel():
             out[lk.miss_pos.to(self.device)] = missing.to(self.device, non_blocking=True)
         return out
+
+    def _host_hits(self, plan: FetchPlan) -> torch.Tensor:
+        """The plan's host-cache hits on the device: gathered there (``device``) or copied from staging."""
+        lk = plan.lookup
+        if self._host_view is not None:  # the device path
+            return self._host_view.index_select(0, lk.host_slot.to(self._host_view.device))
+        self.stage_host_rows(plan)  # a no-op after read(): the IO thread staged them
+        assert plan.host_rows is not None
+        return plan.host_rows.to(self.device, non_blocking=True)
 
     def gather(self, n_id: torch.Tensor) -> torch.Tensor:
         """All three stages at once: rows of ``n_id`` on the device."""

@@ -166,6 +166,8 @@ class EpochResult:
     stage_s: dict[str, float]
     max_in_flight: int
     stage_n: dict[str, int] = field(default_factory=dict)
+    stage_calls: dict[str, list[float]] = field(default_factory=dict)
+    train_calls: list[float] = field(default_factory=list)
 
     @property
     def seeds_per_s(self) -> float:
@@ -193,12 +195,12 @@ def train_epoch(
     pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth, deadline=deadline)
     losses: list[float] = []
     seeds = edges = 0
-    train_s = 0.0
+    train_calls: list[float] = []
     model.train()
     for batch, x in pipe:
         t1 = time.perf_counter()
         loss = train_step(model, optimizer, batch, x, labels_dev)
-        train_s += time.perf_counter() - t1
+        train_calls.append(time.perf_counter() - t1)
         losses.append(loss)
         seeds += batch.batch_size
         edges += int(batch.edge_index.shape[1])
@@ -213,10 +215,12 @@ def train_epoch(
         seeds=seeds,
         sampled_edges=edges,
         wall_s=wall,
-        train_s=train_s,
+        train_s=sum(train_calls),
         stage_s=pipe.times.as_dict(),
         max_in_flight=pipe.max_in_flight,
         stage_n=pipe.times.as_counts(),
+        stage_calls=pipe.times.as_calls(),
+        train_calls=train_calls,
     )
 
 

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from carina.memory.arena import HostArena, PinMode
+    from carina.memory.mapped import device_view, mapped_view
     from carina.memory.store import StoreStats, TensorStore, TierBudgets
     from carina.memory.tiers import Tier
 
-__all__ = ["HostArena", "PinMode", "StoreStats", "Tier", "TensorStore", "TierBudgets"]
+__all__ = ["HostArena", "PinMode", "StoreStats", "Tier", "TensorStore", "TierBudgets", "device_view", "mapped_view"]
 
 _LAZY = {
     "HostArena": "carina.memory.arena",
@@ -28,6 +29,8 @@ _LAZY = {
     "TensorStore": "carina.memory.store",
     "TierBudgets": "carina.memory.store",
     "StoreStats": "carina.memory.store",
+    "device_view": "carina.memory.mapped",
+    "mapped_view": "carina.memory.mapped",
 }
 
 
