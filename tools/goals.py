@@ -7,7 +7,7 @@
     goal = "32k tokens/step, fraction of the ideal"
     record = "h200/s10/offload_s2_7b16l_head4096_32k.json"   # under benchmarks/results
     path = "metrics.fraction_of_ideal"                        # dotted; figures.NAME picks a figure by name
-    op = ">="                                                 # >=, <=, >, <
+    op = ">="                                                 # >=, <=, >, <, between (target = [lo, hi])
     target = 0.85                                             # or target_path = "metrics..." (same record)
     unit = "fraction"                                         # optional, how the value is shown
     note = "why it misses, if it does"                        # optional, shown only when not met
@@ -28,11 +28,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-OPS: dict[str, Callable[[float, float], bool]] = {
+OPS: dict[str, Callable[[float, Any], bool]] = {
     ">=": operator.ge,
     "<=": operator.le,
     ">": operator.gt,
     "<": operator.lt,
+    "between": lambda value, bounds: bounds[0] <= value <= bounds[1],
 }
 FIELDS = {"subsystem", "goal", "record", "path", "op", "target", "target_path", "unit", "note"}
 REQUIRED = FIELDS - {"unit", "note", "target", "target_path"}
@@ -93,17 +94,25 @@ def load_goals(file: Path) -> list[dict[str, Any]]:
             raise GoalError(f"{file.name} goal {n}: give exactly one of target and target_path")
         if entry["op"] not in OPS:
             raise GoalError(f"{file.name} goal {n}: op {entry['op']!r} is not one of {sorted(OPS)}")
+        two = isinstance(entry.get("target"), list)
+        if (entry["op"] == "between") != two or (two and len(entry["target"]) != 2):
+            raise GoalError(f"{file.name} goal {n}: 'between' takes target = [lo, hi], the others one number")
     return list(entries)
 
 
-def judge(entry: Mapping[str, Any], results: Path = RESULTS) -> tuple[float, float, bool]:
+def judge(entry: Mapping[str, Any], results: Path = RESULTS) -> tuple[float, Any, bool]:
     """The record's value for a goal, its target (given, or read from the same record), and whether it passes."""
     file = results / entry["record"]
     if not file.exists():
         raise GoalError(f"goal {entry['goal']!r}: no record {entry['record']}")
     record = json.loads(file.read_text())
     value = lookup(record, entry["path"])
-    target = float(entry["target"]) if "target" in entry else lookup(record, entry["target_path"])
+    if "target_path" in entry:
+        target: Any = lookup(record, entry["target_path"])
+    elif isinstance(entry["target"], list):
+        target = [float(bound) for bound in entry["target"]]
+    else:
+        target = float(entry["target"])
     return value, target, OPS[entry["op"]](value, target)
 
 
@@ -124,7 +133,10 @@ def render_goals(file: Path, results: Path = RESULTS) -> str:
         value, target_value, met = judge(entry, results)
         unit = entry.get("unit", "")
         status = "met" if met else "**not met**" + (f": {entry['note']}" if entry.get("note") else "")
-        target = f"{entry['op']} {_show(target_value, unit)}"
+        if isinstance(target_value, list):
+            target = f"{_show(target_value[0], unit)} to {_show(target_value[1], unit)}"
+        else:
+            target = f"{entry['op']} {_show(target_value, unit)}"
         lines.append(
             f"| {entry['subsystem']} | {entry['goal']} | {_show(value, unit)} | {target} | {status} | "
             f"`{entry['record']}` |"

@@ -114,6 +114,11 @@ def test_a_target_read_from_the_record_and_rows_named_by_method(results):
     assert goals.judge(entry, results) == (9.0, 10.5811, True)
 
 
+def test_between_is_two_sided(results):
+    assert goals.judge(_entry(op="between", target=[0.85, 1.15]), results) == (0.8949, [0.85, 1.15], True)
+    assert goals.judge(_entry(op="between", target=[0.9, 1.1]), results)[2] is False
+
+
 def test_judge_refuses_a_missing_record(results):
     with pytest.raises(goals.GoalError, match=r"no record m/none\.json"):
         goals.judge(_entry(record="m/none.json"), results)
@@ -125,6 +130,8 @@ def test_load_goals_rejects_unknown_fields_and_operators(tmp_path):
         goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'colour="red"\n'))
     with pytest.raises(goals.GoalError, match="op '=>' is not one of"):
         goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'op="=>"\n'))
+    with pytest.raises(goals.GoalError, match="'between' takes target = \\[lo, hi\\]"):
+        goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'op="between"\n'))
     with pytest.raises(goals.GoalError, match="goal 1: give exactly one of target and target_path"):
         goals.load_goals(_toml(tmp_path, "[[goal]]\n" + ok + 'op=">="\ntarget_path="metrics.x"\n'))
 
