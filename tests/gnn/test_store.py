@@ -187,11 +187,12 @@ def test_sorted_unique_equals_numpy_unique(values, presort):
     assert np.array_equal(_sorted_unique(v), np.unique(v))
 
 
-def _cuda_store(dataset, engine):
+def _cuda_store(dataset, engine, config=None):
     """A CUDA store with a 100-row GPU slice and a 300-row host slice (skips without CUDA)."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    s = OutOfCoreFeatures(dataset, engine=engine, device="cuda")
+    kwargs = {} if config is None else {"config": config}
+    s = OutOfCoreFeatures(dataset, engine=engine, device="cuda", **kwargs)
     m = dataset.manifest
     cache = StaticCache(
         hotness=degree_hotness(dataset.graph),
@@ -308,19 +309,7 @@ def test_device_host_path_refused_where_the_slice_cannot_be_mapped(small_dataset
 @pytest.mark.parametrize("host_gather", [HostGather.AUTO, HostGather.CPU, HostGather.DEVICE])
 def test_cuda_host_paths_are_bit_exact(small_dataset, engine, host_gather):
     """On CUDA, auto maps the pinned host slice into the GPU (UVA) and gathers there; every path is exact."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    s = OutOfCoreFeatures(small_dataset, engine=engine, device="cuda", config=StoreConfig(host_gather=host_gather))
-    m = small_dataset.manifest
-    cache = StaticCache(
-        hotness=degree_hotness(small_dataset.graph),
-        config=CacheConfig(gpu_rows=100, host_rows=300),
-        dim=m.feature_dim,
-        dtype=m.torch_dtype,
-        device="cuda",
-        fetch=s.read_rows,
-    )
-    s.attach_cache(cache)
+    s, cache = _cuda_store(small_dataset, engine, StoreConfig(host_gather=host_gather))
     device_path = host_gather is not HostGather.CPU
     assert s.host_path is (HostGather.DEVICE if device_path else HostGather.CPU)
     if device_path:
