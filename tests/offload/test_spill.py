@@ -270,3 +270,13 @@ def test_a_failed_write_keeps_the_state_and_training_resumes_bitwise(tmp_path, m
     assert losses == ref_losses
     assert all(torch.equal(model.state_dict()[n], v) for n, v in ref_model.items())
     _assert_same_state(opt.state_dict(), ref_opt)
+
+
+def test_the_step_timer_reports_the_disk_s_time_and_the_updates_wait_for_it(tmp_path):
+    model, opt, _ = _wrapped(tmp_path, step_timing=True)
+    _loop(model, opt, 4)
+    handle = co.handle_of(model)
+    numel = sum(p.numel() for p in model.parameters())
+    splits = handle.step_times()[-2:]  # planned steps
+    assert all(s["optim_params"] == numel for s in splits)  # every parameter updated once a step
+    assert all(s["optim_disk_s"] > 0 and s["optim_disk_wait_s"] >= 0 for s in splits)

@@ -56,7 +56,7 @@ class NvmeBatch:
     def _one_done(self, _fut: Any) -> None:
         with self._lock:
             self._left -= 1
-            if self._left == 0:
+            if self._left == 0 and not self.ended:
                 self.ended = time.perf_counter()
 
     def done(self) -> bool:
@@ -72,6 +72,8 @@ class NvmeBatch:
         """Wait for every request, finish the batch once, raise its first error (every call)."""
         errors = [e for e in (_settle(f) for f in self._futures) if e is not None]
         with self._lock:
+            if not self.ended:  # a waiter can wake before the last future's callbacks have run
+                self.ended = time.perf_counter()
             if not self._finished:
                 self._finished = True
                 self._error = errors[0] if errors else None

@@ -95,6 +95,7 @@ class SpillPipeline(SlotMoves):
         Raises:
             IOEngineError: The block's state could not be read (the block is not updated), or an
                 earlier block's write-back failed.
+            CapacityError: The host ledger had no room for the block's state (the block is not updated).
         """
         self._acquire(g)
         timer, spent = self._timer(), 0.0
@@ -244,9 +245,9 @@ class SpillPipeline(SlotMoves):
                 self._kick()
 
     def end_step(self) -> None:
-        """The step's updates are done (their writes may go on)."""
+        """The step's updates are done: nothing is read ahead until the next step's first forward."""
         with self._cv:
-            self._ahead = False
+            self._ahead, self._wanted = False, None
             self._taken.clear()
             self._skip.clear()
 
