@@ -143,3 +143,69 @@ def test_a_batch_that_does_not_fit_stores_nothing_and_gives_every_byte_back(tmp_
     assert torch.equal(out, batch[0][1])
     with pytest.raises(ConfigError):
         store.read_nvme([("missing", out)])
+
+
+def _held_store(tmp_path, script=None):
+    """A store whose NVMe tier runs on the scripted mock backend, its requests held until ``release()``."""
+    from carina.io import IOConfig, IOEngine
+    from carina.testing.io import MockBackend
+
+    backend = MockBackend(hold=True, script=script)
+    engine = IOEngine(IOConfig(), backend=backend)
+    return TensorStore(TierBudgets(host=1 << 20, nvme=1 << 20, nvme_path=tmp_path), engine=engine), backend, engine
+
+
+def test_a_started_batch_returns_at_once_and_its_entries_appear_when_it_is_waited_for(tmp_path):
+    store, backend, engine = _held_store(tmp_path)
+    values = [(f"s{i}", torch.randn(1000 + 77 * i)) for i in range(3)]
+    batch = store.start_put_nvme(values)  # nothing has been written yet: the backend holds every request
+    assert not batch.done() and store.keys() == []
+    assert store.used(Tier.NVME) == sum(v.numel() * 4 for _, v in values)  # charged before bytes move
+    with pytest.raises(ConfigError):  # its keys are taken while it runs
+        store.start_put_nvme([("s1", torch.zeros(4))])
+    backend.release()
+    batch.wait()
+    batch.wait()  # finished once, waited for any number of times
+    assert sorted(store.keys()) == ["s0", "s1", "s2"]
+    outs = [(k, torch.empty_like(v)) for k, v in values]
+    store.start_read_nvme(outs).wait()
+    assert all(torch.equal(o, v) for (_, o), (_, v) in zip(outs, values, strict=True))
+    store.close()
+    engine.close()
+
+
+def test_a_failed_batch_raises_to_every_waiter_and_stores_nothing(tmp_path):
+    import errno
+    import os
+
+    from carina.core.errors import IOEngineError
+    from carina.io._future import OpKind
+
+    def script(op):
+        return OSError(errno.EIO, os.strerror(errno.EIO)) if op.kind is OpKind.WRITE and op.offset > 0 else None
+
+    store, backend, engine = _held_store(tmp_path, script)
+    batch = store.start_put_nvme([("a", torch.ones(2000)), ("b", torch.ones(2000))])  # b lands past offset 0
+    backend.release()
+    for _ in range(2):
+        with pytest.raises(IOEngineError):
+            batch.wait()
+    assert store.keys() == [] and store.used(Tier.NVME) == 0
+    store.put_nvme([("a", torch.ones(10))])  # the keys and extents were given back
+    store.close()
+    engine.close()
+
+
+def test_close_finishes_batches_in_flight_and_the_nvme_tier_stays_closed(tmp_path):
+    from carina.core.errors import IOEngineError
+
+    store, backend, engine = _held_store(tmp_path)
+    store.start_put_nvme([("a", torch.ones(4096))])  # nobody waits for it: close() must
+    assert store.used(Tier.NVME) == 4096 * 4
+    backend.release()
+    store.close()
+    assert store.keys() == [] and store.used(Tier.NVME) == 0 and not list(tmp_path.iterdir())
+    with pytest.raises(IOEngineError):  # no new tier file behind a closed store
+        store.put_nvme([("b", torch.ones(4))])
+    assert not list(tmp_path.iterdir())
+    engine.close()

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carina.core.config import Config, require
-from carina.core.errors import CapacityError, ConfigError
+from carina.core.errors import CapacityError, ConfigError, IOEngineError
+from carina.memory.batch import NvmeBatches
 from carina.memory.tiers import Tier, format_bytes
 
 if TYPE_CHECKING:
     import torch
 
+    from carina.memory.batch import NvmeBatch
     from carina.memory.nvme import Extent, NvmeTier
 
 __all__ = ["StoreStats", "TensorStore", "TierBudgets"]
@@ -88,7 +90,7 @@ class _Entry:
     extent: Extent | None = None  # NVMe location
 
 
-class TensorStore:
+class TensorStore(NvmeBatches):
     """Named tensors in tiers, with budgets that are checked before bytes move.
 
     Args:
@@ -111,6 +113,10 @@ class TensorStore:
         self._lock = threading.Lock()
         self._engine = engine
         self._nvme: NvmeTier | None = None
+        self._closed = False
+        self._keys = threading.Lock()  # entries and reserved keys, changed by batches finishing on any thread
+        self._reserved: set[str] = set()  # keys of NVMe writes in flight
+        self._inflight: set[NvmeBatch] = set()
 
     # -- ledger --------------------------------------------------------------
     def charge(self, tier: Tier, nbytes: int, what: str = "") -> None:
@@ -201,40 +207,11 @@ class TensorStore:
         queue drains after each one. All entries appear only once every write has completed; when
         one fails, none appears, their bytes are given back and the error is raised.
         """
-        keys = [k for k, _ in items]
-        if len(set(keys)) < len(keys) or any(k in self._entries for k in keys):
-            raise ConfigError(f"keys already stored or repeated among {keys!r}", key=keys[0] if keys else "")
-        tier, started = self._nvme_tier(), []
-        try:
-            for key, tensor in items:
-                entry = _Entry(Tier.NVME, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
-                self.charge(Tier.NVME, entry.nbytes, key)
-                try:
-                    ext, fut = tier.write(tensor.detach().to("cpu").contiguous())
-                except BaseException:
-                    self.uncharge(Tier.NVME, entry.nbytes)
-                    raise
-                started.append((key, entry, ext, fut))
-            _wait_all([fut for *_, fut in started])
-        except BaseException:
-            for _, entry, ext, fut in started:
-                _settle(fut)
-                tier.free(ext)
-                self.uncharge(Tier.NVME, entry.nbytes)
-            raise
-        for key, entry, ext, _ in started:
-            entry.extent = ext
-            self._entries[key] = entry
+        self.start_put_nvme(items).wait()
 
     def read_nvme(self, items: list[tuple[str, torch.Tensor]]) -> None:
         """Read many NVMe entries into contiguous CPU tensors, every read in flight at once."""
-        entries = [(self._entry(key), out) for key, out in items]
-        if any(e.tier is not Tier.NVME or e.extent is None for e, _ in entries):
-            raise ConfigError("read_nvme reads NVMe entries only", key=items[0][0])
-        tier = self._nvme_tier()
-        _wait_all([tier.read(e.extent, out) for e, out in entries if e.extent is not None])
-        for e, _ in entries:
-            self.note_move(Tier.NVME, Tier.HOST, e.nbytes)
+        self.start_read_nvme(items).wait()
 
     def get(self, key: str) -> torch.Tensor:
         """The stored tensor (read into a fresh host tensor when it lives on NVMe)."""
@@ -280,14 +257,21 @@ class TensorStore:
 
     def drop(self, key: str) -> None:
         """Forget ``key`` and give its bytes back."""
-        self._release(self._entries.pop(key))
+        with self._keys:
+            entry = self._entries.pop(key)
+        self._release(entry)
 
     def keys(self) -> list[str]:
         """Stored keys."""
         return list(self._entries)
 
     def close(self) -> None:
-        """Drop everything and remove the NVMe file."""
+        """Wait for NVMe batches still in flight, drop everything and remove the NVMe file.
+
+        The NVMe tier stays closed: a later NVMe request raises :class:`IOEngineError`.
+        """
+        self._closed = True  # no new NVMe batch starts
+        self.wait_inflight()
         for key in list(self._entries):
             self.drop(key)
         if self._nvme is not None:
@@ -302,12 +286,14 @@ class TensorStore:
             raise ConfigError(f"no tensor stored under {key!r}", key=key) from None
 
     def _release(self, entry: _Entry) -> None:
-        if entry.extent is not None:
-            self._nvme_tier().free(entry.extent)
+        if entry.extent is not None and self._nvme is not None:
+            self._nvme.free(entry.extent)
         entry.tensor = None
         self.uncharge(entry.tier, entry.nbytes)
 
     def _nvme_tier(self) -> NvmeTier:
+        if self._closed:
+            raise IOEngineError("the store is closed: its NVMe tier is gone", path=str(self.budgets.nvme_path))
         if self._nvme is None:
             from carina.memory.nvme import NvmeTier
 

@@ -18,6 +18,7 @@ import torch
 if TYPE_CHECKING:
     from carina.offload.blocks import ParamGroup
     from carina.offload.runtime import OffloadRuntime
+    from carina.offload.spill import SpillPipeline
 
 __all__ = ["StateLending"]
 
@@ -27,12 +28,13 @@ class StateLending:
 
     rt: OffloadRuntime
     inner: torch.optim.Optimizer
-    _spill_buf: torch.Tensor | None
+    spill_pipe: SpillPipeline
 
     def _written_by(self, g: ParamGroup) -> list[torch.Tensor]:
         """The host tensors an update of ``g`` writes in place: its masters, its optimizer state, the spill buffer."""
         state = [t for mp in g.masters for t in self.inner.state.get(mp, {}).values() if isinstance(t, torch.Tensor)]
-        return [g.master, *state, *([self._spill_buf] if self._spill_buf is not None else [])]
+        buf = self.spill_pipe.buffer
+        return [g.master, *state, *([buf] if buf is not None else [])]
 
     @contextlib.contextmanager
     def lend_state(self, guard: Callable[[list[torch.Tensor]], None]) -> Iterator[list[torch.Tensor]]:
@@ -45,11 +47,12 @@ class StateLending:
         """
         for g in self.rt.groups:
             self.rt.wait_updates(g)
+        self.spill_pipe.settle()
         if guard not in self.rt.write_guards:
             self.rt.write_guards.append(guard)
         self.rt.lend_views = True
         try:
-            yield [t for g in self.rt.groups for t in self._written_by(g) if t is not self._spill_buf]
+            yield [t for g in self.rt.groups for t in self._written_by(g) if t is not self.spill_pipe.buffer]
         finally:
             self.rt.lend_views = False
 

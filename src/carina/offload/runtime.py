@@ -41,7 +41,7 @@ from carina.offload.config import ConvertOn, OffloadConfig
 from carina.offload.gradients import GradientPath
 from carina.offload.simulator import Action
 from carina.offload.timing import StepTimer
-from carina.offload.worker import optimizer_threads, optimizer_worker
+from carina.offload.worker import optimizer_threads, optimizer_worker, wait_all
 from carina.offload.workspace import HeadWorkspace
 
 __all__ = ["OffloadRuntime", "cast_buffer_elements"]
@@ -112,6 +112,7 @@ class OffloadRuntime(GradientPath):
         self.step_group: Any = None  # set by the optimizer: fn(group, options) updating masters in place
         self.snapshot: Any = None  # set by the optimizer: fn(group) -> hyperparameters for a later update
         self.narrow_ok: Any = lambda g: False  # set by the optimizer: fn(group) -> its update reads bf16 gradients
+        self.on_forward: Any = lambda micro: None  # set by the optimizer: a training forward starts (micro-batch)
         self.write_guards: list[Any] = []  # fn(tensors): called before masters/optimizer state change in place
         self.lend_views = False  # model.state_dict() gives the masters themselves, not copies (a lender's save)
         self._handles: list[Any] = []
@@ -163,6 +164,7 @@ class OffloadRuntime(GradientPath):
     def _model_pre(self, module: nn.Module, args: Any) -> None:
         if torch.is_grad_enabled() and module.training:
             self.micro += 1
+            self.on_forward(self.micro)
         self.in_forward = True
         self._entered.clear()
         if self.timer is not None:
@@ -258,19 +260,14 @@ class OffloadRuntime(GradientPath):
             guard(tensors)
 
     def wait_updates(self, g: ParamGroup) -> None:
-        """Block until the CPU worker finished everything queued for ``g``."""
-        for fut in g.pending:
-            fut.result()
-        g.pending.clear()
-        g.updates.clear()
-        g.detached = False
+        """Block until the CPU worker finished everything queued for ``g`` (a failed task's error: here, once)."""
+        pending, g.pending, g.updates, g.detached = g.pending, [], [], False
+        wait_all(pending)
 
     def wait_params(self, g: ParamGroup) -> None:
         """Block until queued updates of ``g``'s master weights are done (gradient adds may go on)."""
-        for fut in g.updates:
-            fut.result()
-        g.updates.clear()
-        g.detached = False
+        updates, g.updates, g.detached = g.updates, [], False
+        wait_all(updates)
 
     def prefetch(self, g: ParamGroup, wait: bool = True) -> None:
         """Start copying ``g``'s (updated) parameters to the device, if they are not there.

@@ -11,7 +11,6 @@ during backward or at ``step()``.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -30,6 +29,7 @@ from carina.offload.planner import Plan, PlanBudgets, make_plan
 from carina.offload.profiler import measure_hardware, model_profile, optimizer_kwargs, state_bytes_per_param
 from carina.offload.runtime import OffloadRuntime
 from carina.offload.simulator import BlockPlan, Hardware, ModelProfile, simulate
+from carina.offload.spill import SpillPipeline
 
 __all__ = ["OffloadOptimizer"]
 
@@ -85,14 +85,15 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self.steps = 0
         self._charged: set[int] = set()
         self.spill: set[int] = set()  # blocks whose optimizer state lives on NVMe between updates
-        self._spilled: dict[int, list[tuple[Any, str, tuple[int, ...], torch.dtype]]] = {}
-        self._spill_buf: torch.Tensor | None = None  # the state of the spilled block being updated
+        self._todo: set[int] = set()  # blocks step() updates now (the spill pipeline reads them ahead)
+        self.spill_pipe = SpillPipeline(runtime.store, self.inner, runtime.groups, self._due, lambda: runtime.timer)
         self.flat_updates = True  # fused optimizers step each block as one flat tensor (FlatStep)
         self._flat: dict[int, FlatStep | None] = {}
         self.narrow_grads = self.cfg.narrow_grads  # one micro-batch, no clipping: flat updates read the narrow gradient
         runtime.step_group = self.step_group
         runtime.snapshot = self.snapshot
         runtime.narrow_ok = self.narrow_ok
+        runtime.on_forward = self._forward_starts
 
     def _share(self) -> None:
         self.param_groups = self.inner.param_groups
@@ -126,18 +127,23 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
     def step_group(self, g: ParamGroup, options: dict[str, Any] | None = None) -> None:
         """Update ``g``'s master weights from its float32 gradients (runs on any thread, one at a time).
 
-        ``options``: the hyperparameters to use (a :meth:`snapshot`); None: the param group's now.
+        ``options``: the hyperparameters to use (a :meth:`snapshot`); None: the param group's now. A block
+        whose state spills goes through the spill pipeline (:mod:`carina.offload.spill`), tensor by tensor.
         """
-        t_in = time.perf_counter()
         if self.rt.write_guards:
             self.rt.guard_writes(self._written_by(g))
-        self._unspill(g)
-        flat = self._flat_step(g)
+        timer = self.rt.timer
         t0 = time.perf_counter()
-        if flat is not None:
+        flat = self._flat_step(g)
+        if g.index in self.spill:
+            self._flat.pop(g.index, None)  # a flat state from before it spilled would keep its host bytes alive
+            g.widen_grad(UPCAST_CHUNK)  # (a block whose state went to NVMe since its gradient came narrow)
+            self.spill_pipe.update(g, lambda k: self._step_tensor(g, k), lambda: self._charge_state(g))
+            t0 = time.perf_counter()
+        elif flat is not None:
             flat.step(options)
         else:
-            g.widen_grad(UPCAST_CHUNK)  # (a block whose state went to NVMe since its gradient came narrow)
+            g.widen_grad(UPCAST_CHUNK)
             self._attach_grads(g)
             try:
                 self.inner.step()
@@ -146,26 +152,42 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
                     mp.grad = None
         t1 = time.perf_counter()
         g.refresh_copy()  # the cast into the compute-dtype host copy (none when the device casts)
-        timer = self.rt.timer
         if timer is not None:
-            timer.add("optim_update_s", t1 - t0)
+            timer.add("optim_update_s", t1 - t0)  # (a spilled block's update is timed by the pipeline)
             timer.add("optim_cast_s", time.perf_counter() - t1)
             timer.add("optim_params", g.numel)
         g.stale = True
-        if g.index not in self._charged:
-            self._charged.add(g.index)
-            nbytes = sum(
-                t.numel() * t.element_size()
-                for mp in g.masters
-                for t in self.inner.state.get(mp, {}).values()
-                if isinstance(t, torch.Tensor)
-            )
-            self.rt.store.charge(Tier.HOST, nbytes, f"{g.name} optimizer state")
-        if g.index in self.spill:
-            t_out = time.perf_counter()
-            self._spill(g)
-            if timer is not None:  # reading the state back before the update and writing it after
-                timer.add("optim_disk_s", t0 - t_in + time.perf_counter() - t_out)
+        self._charge_state(g)
+
+    def _step_tensor(self, g: ParamGroup, k: int) -> None:
+        """Update master ``k`` of ``g`` alone (a spilled block's update, one tensor at a time)."""
+        mp = g.masters[k]
+        mp.grad = g.grad[g.slot(k)].view(mp.shape)
+        try:
+            self.inner.step()
+        finally:
+            mp.grad = None
+
+    def _charge_state(self, g: ParamGroup) -> None:
+        """Charge ``g``'s optimizer state to the host ledger the first time the optimizer made it."""
+        if g.index in self._charged:
+            return
+        self._charged.add(g.index)
+        nbytes = sum(
+            t.numel() * t.element_size()
+            for mp in g.masters
+            for t in self.inner.state.get(mp, {}).values()
+            if isinstance(t, torch.Tensor)
+        )
+        self.rt.store.charge(Tier.HOST, nbytes, f"{g.name} optimizer state")
+
+    def _due(self) -> list[int]:
+        """Spilled blocks whose update is queued this step, in the order the worker takes them (by index)."""
+        return [g.index for g in self.rt.blocks if g.index in self.spill and (g.queued or g.index in self._todo)]
+
+    def _forward_starts(self, micro: int) -> None:
+        if micro == 1 and self.spill:  # updates during backward come last block first, at step() first first
+            self.spill_pipe.forward_starts(descending=not self.rt.profiling and self._will_overlap())
 
     def _flat_step(self, g: ParamGroup) -> FlatStep | None:
         """The block's one-kernel update (:mod:`carina.offload.flatstep`), where it applies."""
@@ -174,60 +196,6 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         if g.index not in self._flat:
             self._flat[g.index] = FlatStep.for_group(self.inner, g)
         return self._flat[g.index]
-
-    def _spill(self, g: ParamGroup, uncharge: bool = True) -> None:
-        """Write ``g``'s optimizer state to the NVMe tier and drop it from host RAM."""
-        self._flat.pop(g.index, None)  # its flat state would keep the host bytes alive
-        store = self.rt.store
-        shapes: list[tuple[Any, str, tuple[int, ...], torch.dtype]] = []
-        items = []
-        for k, mp in enumerate(g.masters):
-            for name, t in self.inner.state.get(mp, {}).items():
-                if isinstance(t, torch.Tensor) and t.numel() > 1:
-                    items.append((f"state/{g.index}/{k}/{name}", t))
-                    shapes.append((mp, name, tuple(t.shape), t.dtype))
-        store.put_nvme(items)  # all of the block's writes in flight at once
-        for (_, t), (mp, name, _, dt) in zip(items, shapes, strict=True):
-            store.note_move(Tier.HOST, Tier.NVME, t.numel() * t.element_size())
-            if uncharge:
-                store.uncharge(Tier.HOST, t.numel() * t.element_size())
-            self.inner.state[mp][name] = torch.empty(0, dtype=dt)
-        self._spilled[g.index] = shapes
-
-    def _unspill(self, g: ParamGroup) -> None:
-        """Read ``g``'s optimizer state back from NVMe (before its update, or for ``state_dict``)."""
-        shapes = self._spilled.pop(g.index, None)
-        if not shapes:
-            return
-        store = self.rt.store
-        index = {id(mp): k for k, mp in enumerate(g.masters)}
-        views = self._state_views([(shape, dtype) for _, _, shape, dtype in shapes])
-        keys = [f"state/{g.index}/{index[id(mp)]}/{name}" for mp, name, _, _ in shapes]
-        store.charge(
-            Tier.HOST, sum(t.numel() * t.element_size() for t in views), f"{g.name} optimizer state (from NVMe)"
-        )
-        store.read_nvme(list(zip(keys, views, strict=True)))  # all of the block's reads in flight at once
-        for (mp, name, _, _), key, t in zip(shapes, keys, views, strict=True):
-            store.drop(key)
-            self.inner.state[mp][name] = t
-
-    def _state_views(self, shapes: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-        """Tensors for one spilled block's state, carved 4 KiB-aligned from one buffer every spilled block reuses.
-
-        Only one spilled block's state is in RAM at a time (read before its update, written after it on
-        the same thread), as the plan counts it; reusing the buffer spares a fresh allocation, and its
-        page faults, per block and step, and aligned views let the NVMe reads go straight in (O_DIRECT).
-        """
-        sizes = [-(-math.prod(shape) * torch.empty((), dtype=dt).element_size() // 4096) * 4096 for shape, dt in shapes]
-        if self._spill_buf is None or self._spill_buf.numel() < sum(sizes) + 4096:
-            self._spill_buf = torch.empty(sum(sizes) + 4096, dtype=torch.uint8)
-        off = -self._spill_buf.data_ptr() % 4096
-        views = []
-        for (shape, dt), size in zip(shapes, sizes, strict=True):
-            nbytes = math.prod(shape) * torch.empty((), dtype=dt).element_size()
-            views.append(self._spill_buf[off : off + nbytes].view(dt).view(shape))
-            off += size
-        return views
 
     def _clip(self, groups: list[ParamGroup]) -> None:
         assert self.cfg.max_grad_norm is not None
@@ -248,21 +216,17 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         rt = self.rt
         if rt.timer is not None:
             rt.timer.switch("step")
-        rt.drain(keep_detached=True)  # blocks' updates queued in backward may go on into the next forward
-        new_plan = None
-        if rt.profiling and self.steps + 1 >= self.cfg.profile_steps:
-            new_plan = self.make_plan()
-        elif rt.profiling and self.steps == 0:
-            self.make_plan()  # activation sizes are known now: raises CapacityError before any update
-        todo = [g for g in rt.groups if g.has_grad and not g.queued]
-        if self.cfg.max_grad_norm is not None and todo:
-            self._clip(todo)
-        for g in todo:
-            self.step_group(g)
-        for g in rt.groups:
-            g.queued = False
-            g.has_grad = False
-        rt.micro = 0
+        try:
+            new_plan = self._finish_updates()
+            self.spill_pipe.settle()  # spilled blocks' write-backs end within the step (reads go on ahead)
+            if self.spill_pipe.error is not None:
+                raise self.spill_pipe.error
+        finally:  # a failed update ends the step too: its gradients are dropped, the next step starts clean
+            for g in rt.groups:
+                g.queued = False
+                g.has_grad = False
+            self.spill_pipe.end_step()
+            rt.micro = 0
         self.steps += 1
         if rt.profiling and new_plan is None:
             rt.reset_timings()  # only the last profiled step's times count (the first pays warm-up)
@@ -278,6 +242,26 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
             rt.timer.end_step()
         return loss
 
+    def _finish_updates(self) -> Plan | None:
+        """Wait for the updates queued in backward, plan after profiling, clip and update the rest; the new plan."""
+        rt = self.rt
+        rt.drain(keep_detached=True)  # blocks' updates queued in backward may go on into the next forward
+        new_plan = None
+        if rt.profiling and self.steps + 1 >= self.cfg.profile_steps:
+            new_plan = self.make_plan()
+        elif rt.profiling and self.steps == 0:
+            self.make_plan()  # activation sizes are known now: raises CapacityError before any update
+        todo = [g for g in rt.groups if g.has_grad and not g.queued]
+        if self.cfg.max_grad_norm is not None and todo:
+            self._clip(todo)
+        self._todo = {g.index for g in todo}
+        try:
+            for g in todo:
+                self.step_group(g)
+        finally:
+            self._todo = set()
+        return new_plan
+
     def synchronize(self) -> None:
         """Wait until every queued update is done (``step()`` may return before the last blocks' are).
 
@@ -286,6 +270,9 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         """
         for g in self.rt.groups:
             self.rt.wait_updates(g)
+        self.spill_pipe.settle()
+        if self.spill_pipe.error is not None:
+            raise self.spill_pipe.error
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget accumulated gradients (``step()`` already consumes them)."""
@@ -345,7 +332,8 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
             act_lead=self.cfg.activation_lead,
         )
         self.plan = plan
-        self.spill = {i for i, b in enumerate(plan.blocks) if b.state_on_nvme}
+        # a block whose state is on NVMe stays spilled (less host RAM than planned, never more)
+        self.spill = {i for i, b in enumerate(plan.blocks) if b.state_on_nvme} | set(self.spill_pipe.spilled)
         log.info("offload plan: %s", plan.summary())
         if self.on_plan is not None:
             self.on_plan(plan)
@@ -369,16 +357,12 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         """Optimizer state; state spilled to NVMe is read into fresh tensors for the caller."""
         for g in self.rt.groups:
             self.rt.wait_updates(g)
+        self.spill_pipe.settle()
         sd = self.inner.state_dict()
         index = {id(p): k for k, p in enumerate(p for group in self.inner.param_groups for p in group["params"])}
-        for gi, shapes in self._spilled.items():
-            g = self.rt.groups[gi]
-            local = {id(mp): k for k, mp in enumerate(g.masters)}
-            for mp, name, shape, dtype in shapes:
-                t = torch.empty(shape, dtype=dtype)
-                self.rt.store.read_into(f"state/{gi}/{local[id(mp)]}/{name}", t)
-                k = index[id(mp)]
-                sd["state"][k] = {**sd["state"][k], name: t}
+        for mp, name, t in self.spill_pipe.read_out():
+            k = index[id(mp)]
+            sd["state"][k] = {**sd["state"][k], name: t}
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -387,14 +371,11 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
             self.rt.wait_updates(g)
             if self.rt.write_guards:
                 self.rt.guard_writes(self._written_by(g))
-        for gi, shapes in self._spilled.items():
-            local = {id(mp): k for k, mp in enumerate(self.rt.groups[gi].masters)}
-            for mp, name, _, _ in shapes:
-                self.rt.store.drop(f"state/{gi}/{local[id(mp)]}/{name}")
-        self._spilled.clear()
+        self.spill_pipe.settle(discard=True)
+        self.spill_pipe.forget()
         self._flat.clear()  # rebuilt from the loaded per-parameter state at the next update
         self.inner.load_state_dict(state_dict)
         self._share()
         for g in self.rt.groups:
             if g.index in self.spill and g.index in self._charged:
-                self._spill(g, uncharge=False)
+                self.spill_pipe.write_now(g, uncharge=False)

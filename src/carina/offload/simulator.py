@@ -38,6 +38,7 @@ __all__ = [
 
 from dataclasses import replace
 
+from carina.offload.spillmodel import SpillDisk
 from carina.offload.stepmodel import (
     Action,
     BlockPlan,
@@ -118,14 +119,15 @@ class _Timeline:
         self.drains: list[tuple[int, float, int]] = []  # (block, when its swap-out ends, bytes) this forward
         self.act_ready: dict[int, float] = {}  # when each block's swapped activations are back (this backward)
         self.carry = carry and overlap  # updates in next-use order, running on into the next step's forward
-        self.tasks: list[tuple[float, float, int]] = []  # (gradients ready, seconds, group) of the final updates
+        self.tasks: list[tuple[float, float, int, float]] = []  # (gradients ready, seconds, group, disk seconds)
         self.update_end = [0.0] * (len(blocks) + 1)  # when each group's last update ended
         self.gated = False  # this forward waits for the previous step's updates, block by block
         self.now = self.h2d = self.d2h = self.optim = 0.0
         self.ready = [0.0 if p.resident else -1.0 for p in blocks]
         self.totals = dict.fromkeys(("compute", "h2d", "d2h", "cpu_optimizer", "disk"), 0.0)
         self.events: list[SimEvent] = []
-        self.deferred: list[tuple[float, float]] = []  # (gradients ready, update seconds) run after backward
+        self.deferred: list[tuple[float, float, float]] = []  # (gradients ready, seconds, disk) after backward
+        self.disk = SpillDisk(pipelined=prof.spill_pipeline)  # spilled optimizer state's reads and writes
         self.staging_free = [0.0] * (len(blocks) + 1)  # when each group's host staging buffer is free again
         self.acc = sum(4 * b.numel for b, p in zip(prof.blocks, blocks, strict=True) if p.grad_on_device)
         self.final = True
@@ -168,13 +170,16 @@ class _Timeline:
         self.totals["d2h"] += dt
         return self.d2h
 
-    def cpu(self, ready: float, seconds: float, update: bool) -> float:
-        """Queue CPU work; returns when it ends (updates without overlap wait for the end of backward)."""
+    def cpu(self, ready: float, seconds: float, update: bool, disk: float = 0.0) -> float:
+        """Queue CPU work; returns when it ends (updates without overlap wait for the end of backward).
+
+        ``disk``: seconds of spilled optimizer state read before it and written after (:class:`SpillDisk`).
+        """
         self.totals["cpu_optimizer"] += seconds
         if update and not self.overlap:
-            self.deferred.append((ready, seconds))
+            self.deferred.append((ready, seconds, disk))
             return 0.0
-        self.optim = max(self.optim, ready) + seconds
+        self.optim = self.disk.run(self.optim, ready, seconds, disk)
         return self.optim
 
     def gradients(
@@ -206,12 +211,11 @@ class _Timeline:
             self.cpu_terms["cpu_update"] += update
             self.cpu_terms["cpu_cast"] += cast_s
             if self.carry:
-                self.totals["cpu_optimizer"] += fold + update + cast_s + extra
-                self.tasks.append((ready, fold + update + cast_s + extra, k))
+                self.totals["cpu_optimizer"] += fold + update + cast_s
+                self.tasks.append((ready, fold + update + cast_s, k, extra))
             else:
-                self.update_end[k] = self.cpu(ready, fold + update + cast_s + extra, update=True)
+                self.update_end[k] = self.cpu(ready, fold + update + cast_s, update=True, disk=extra)
             self.totals["disk"] += extra
-            self.totals["cpu_optimizer"] -= extra
         elif not direct:
             self.staging_free[k] = self.cpu(ready, fold, update=False)
 
@@ -298,12 +302,13 @@ class _Timeline:
             ready = [x for x in tasks if x[0] <= t] or [tasks[0]]
             pick = min(ready, key=lambda x: -1 if x[2] == n else x[2])
             tasks.remove(pick)
-            t = max(t, pick[0]) + pick[1]
+            t = self.disk.run(t, pick[0], pick[1], pick[3])
             self.update_end[pick[2]] = t
         self.optim, self.tasks = t, []
 
     def step(self) -> float:
         """Play every micro-batch of the step; returns when the last update ends."""
+        self.disk.ahead = self.now  # spilled state may be read ahead from the step's first forward on
         for m in range(self.prof.micro_batches):
             self.final = m == self.prof.micro_batches - 1
             self.first = m == 0
@@ -312,9 +317,9 @@ class _Timeline:
             self.backward()
         self.schedule()
         end = max(self.now, self.d2h)
-        for ready, seconds in self.deferred:
-            end = max(end, ready) + seconds
-        return max(end, self.optim)
+        for ready, seconds, disk in self.deferred:
+            end = self.disk.run(end, ready, seconds, disk)
+        return max(end, self.optim, self.disk.settled)  # step() waits for the spilled state's last writes
 
 
 def simulate(

@@ -87,6 +87,8 @@ class ModelProfile:
     # optimizer state beside the per-element state: AdamW's step count, one scalar per parameter tensor of
     # every group (the ledger charges them); in host RAM whatever the plan, as only per-element state spills
     state_fixed_bytes: int = 0
+    # spilled state read ahead and written back beside the update (carina.offload.spill); False: in series
+    spill_pipeline: bool = True
 
     @property
     def numel(self) -> int:
