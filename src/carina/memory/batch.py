@@ -17,15 +17,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from carina.core.errors import ConfigError
-from carina.memory.tiers import Tier
+from carina.memory.tiers import Tier, TierEntry
 
 if TYPE_CHECKING:
     import torch
 
     from carina.memory.nvme import Extent, NvmeTier
-    from carina.memory.store import _Entry
 
-__all__ = ["NvmeBatch", "NvmeBatches"]
+__all__ = ["NvmeBatch", "NvmeBatches", "settle"]
 
 
 class NvmeBatch:
@@ -70,7 +69,7 @@ class NvmeBatch:
 
     def wait(self) -> None:
         """Wait for every request, finish the batch once, raise its first error (every call)."""
-        errors = [e for e in (_settle(f) for f in self._futures) if e is not None]
+        errors = [e for e in (settle(f) for f in self._futures) if e is not None]
         with self._lock:
             if not self.ended:  # a waiter can wake before the last future's callbacks have run
                 self.ended = time.perf_counter()
@@ -83,7 +82,7 @@ class NvmeBatch:
             raise error
 
 
-def _settle(future: Any) -> BaseException | None:
+def settle(future: Any) -> BaseException | None:
     """Wait for ``future``; its error, or None."""
     try:
         future.result()
@@ -96,7 +95,7 @@ class NvmeBatches:
     """Mixed into :class:`~carina.memory.store.TensorStore`: NVMe batches that return before they finish."""
 
     if TYPE_CHECKING:  # owned by TensorStore
-        _entries: dict[str, _Entry]
+        _entries: dict[str, TierEntry]
         _keys: threading.Lock
         _reserved: set[str]
         _inflight: set[NvmeBatch]
@@ -110,7 +109,7 @@ class NvmeBatches:
         def note_move(self, src: Tier, dst: Tier, nbytes: int) -> None:
             """The store's per-route statistics."""
 
-        def _entry(self, key: str) -> _Entry: ...
+        def _entry(self, key: str) -> TierEntry: ...
         def _nvme_tier(self) -> NvmeTier: ...
 
     def start_put_nvme(self, items: list[tuple[str, torch.Tensor]]) -> NvmeBatch:
@@ -119,19 +118,17 @@ class NvmeBatches:
         The tensors must stay unchanged until then. The keys are reserved at once (another batch
         may not use them); the entries appear when ``wait()`` sees every write succeed.
         """
-        from carina.memory.store import _Entry
-
         keys = [k for k, _ in items]
         with self._keys:
             if len(set(keys)) < len(keys) or any(k in self._entries or k in self._reserved for k in keys):
                 raise ConfigError(f"keys already stored or repeated among {keys!r}", key=keys[0] if keys else "")
             self._reserved.update(keys)
-        started: list[tuple[str, _Entry, Extent, Any]] = []
+        started: list[tuple[str, TierEntry, Extent, Any]] = []
         tier: NvmeTier | None = None
         try:
             tier = self._nvme_tier()
             for key, tensor in items:
-                entry = _Entry(Tier.NVME, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
+                entry = TierEntry(Tier.NVME, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
                 self.charge(Tier.NVME, entry.nbytes, key)
                 try:
                     ext, fut = tier.write(tensor.detach().to("cpu").contiguous())
@@ -141,7 +138,7 @@ class NvmeBatches:
                 started.append((key, entry, ext, fut))
         except BaseException:
             for *_, fut in started:
-                _settle(fut)
+                settle(fut)
             self._undo_put(tier, started, keys)
             raise
 
@@ -164,7 +161,9 @@ class NvmeBatches:
             self._inflight.add(batch)
         return batch
 
-    def _undo_put(self, tier: NvmeTier | None, started: list[tuple[str, _Entry, Extent, Any]], keys: list[str]) -> None:
+    def _undo_put(
+        self, tier: NvmeTier | None, started: list[tuple[str, TierEntry, Extent, Any]], keys: list[str]
+    ) -> None:
         for _, entry, ext, _ in started:
             assert tier is not None
             tier.free(ext)
@@ -188,7 +187,7 @@ class NvmeBatches:
                 futures.append(tier.read(e.extent, out))
         except BaseException:
             for fut in futures:
-                _settle(fut)
+                settle(fut)
             raise
         nbytes = sum(e.nbytes for e, _ in entries)
 

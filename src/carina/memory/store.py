@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from carina.core.config import Config, require
 from carina.core.errors import CapacityError, ConfigError, IOEngineError
-from carina.memory.batch import NvmeBatches
-from carina.memory.tiers import Tier, format_bytes
+from carina.memory.batch import NvmeBatches, settle
+from carina.memory.tiers import Tier, TierEntry, format_bytes
 
 if TYPE_CHECKING:
     import torch
 
     from carina.memory.batch import NvmeBatch
-    from carina.memory.nvme import Extent, NvmeTier
+    from carina.memory.nvme import NvmeTier
 
 __all__ = ["StoreStats", "TensorStore", "TierBudgets"]
 
@@ -80,16 +80,6 @@ class StoreStats:
         ]
 
 
-@dataclass
-class _Entry:
-    tier: Tier
-    shape: tuple[int, ...]
-    dtype: Any
-    nbytes: int
-    tensor: Any = None  # resident copy (device/host)
-    extent: Extent | None = None  # NVMe location
-
-
 class TensorStore(NvmeBatches):
     """Named tensors in tiers, with budgets that are checked before bytes move.
 
@@ -109,7 +99,7 @@ class TensorStore(NvmeBatches):
         self._used = dict.fromkeys(Tier, 0)
         self._peak = dict.fromkeys(Tier, 0)
         self._moved: dict[str, int] = defaultdict(int)
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, TierEntry] = {}
         self._lock = threading.Lock()
         self._engine = engine
         self._nvme: NvmeTier | None = None
@@ -195,7 +185,7 @@ class TensorStore(NvmeBatches):
         if tier is Tier.NVME:
             self.put_nvme([(key, tensor)])
             return
-        entry = _Entry(tier, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
+        entry = TierEntry(tier, tuple(tensor.shape), tensor.dtype, tensor.numel() * tensor.element_size())
         entry.tensor = self.empty(entry.shape, entry.dtype, tier, key)
         entry.tensor.copy_(tensor)
         self._entries[key] = entry
@@ -279,13 +269,13 @@ class TensorStore(NvmeBatches):
             self._nvme = None
 
     # -- internals -----------------------------------------------------------
-    def _entry(self, key: str) -> _Entry:
+    def _entry(self, key: str) -> TierEntry:
         try:
             return self._entries[key]
         except KeyError:
             raise ConfigError(f"no tensor stored under {key!r}", key=key) from None
 
-    def _release(self, entry: _Entry) -> None:
+    def _release(self, entry: TierEntry) -> None:
         if entry.extent is not None and self._nvme is not None:
             self._nvme.free(entry.extent)
         entry.tensor = None
@@ -313,15 +303,6 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
 
 def _wait_all(futures: list[Any]) -> None:
     """Wait for every future, then raise the first one's error (none is left running)."""
-    errors = [e for e in (_settle(f) for f in futures) if e is not None]
+    errors = [e for e in (settle(f) for f in futures) if e is not None]
     if errors:
         raise errors[0]
-
-
-def _settle(future: Any) -> BaseException | None:
-    """Wait for ``future``; its error, or None."""
-    try:
-        future.result()
-    except BaseException as exc:  # noqa: BLE001 - collected, then raised by the caller
-        return exc
-    return None

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import enum
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Tier", "format_bytes", "parse_bytes"]
+if TYPE_CHECKING:
+    from carina.memory.nvme import Extent
+
+__all__ = ["Tier", "TierEntry", "format_bytes", "parse_bytes"]
 
 
 class Tier(enum.Enum):
@@ -14,6 +19,18 @@ class Tier(enum.Enum):
     DEVICE = "device"  # GPU memory (or, with device="cpu", the compute copy in RAM)
     HOST = "host"  # host RAM, pinned when CUDA is present
     NVME = "nvme"  # a file on local flash, reached through carina.io
+
+
+@dataclass
+class TierEntry:
+    """Where one named tensor of a ``TensorStore`` lives, and what it is."""
+
+    tier: Tier
+    shape: tuple[int, ...]
+    dtype: Any
+    nbytes: int
+    tensor: Any = None  # resident copy (device/host)
+    extent: Extent | None = None  # NVMe location
 
 
 _UNITS = {
