@@ -69,8 +69,11 @@ def test_spill_with_fold_and_cast_on_the_device_is_exact(tmp_path):
     assert handle.plan.counts()["state_on_nvme"] >= 1
     stats = handle.stats()
     assert stats.peak["host"] <= budget
-    # written after every update, read before every update but the first: 4 writes per 3 reads
-    assert 3 * stats.moved["host->nvme"] == 4 * stats.moved["nvme->host"] > 0
+    # written after every update, read before every update but the first: 4 writes per 3 reads. A read
+    # ahead that the CPU worker overtakes (it takes ready blocks first, so under load the order can change)
+    # is given back and read again later: those bytes are counted apart, and nothing else is read.
+    wasted = handle.optimizer.spill_pipe.discarded_bytes
+    assert 3 * stats.moved["host->nvme"] == 4 * (stats.moved["nvme->host"] - wasted) > 0
     handle.store.close()
 
 

@@ -82,6 +82,7 @@ class SpillPipeline(SlotMoves):
         self._ahead = False  # a step's first forward began: blocks may be read before their update is queued
         self._descending = False  # this step's updates come as backward makes gradients, last block first
         self._skip: set[int] = set()  # read ahead in vain this step (no room in the ledger then)
+        self.discarded_bytes = 0  # state read ahead for a block whose update came later: read twice
 
     # -- the updating thread ---------------------------------------------------------------------
     def update(self, g: ParamGroup, step_tensor: Callable[[int], None], updated: Callable[[], None]) -> None:

@@ -67,6 +67,7 @@ class SlotMoves:
         _ahead: bool
         _descending: bool
         _skip: set[int]
+        discarded_bytes: int
         _due: Callable[[], list[int]]
         _timer: Callable[[], StepTimer | None]
 
@@ -173,6 +174,7 @@ class SlotMoves:
         if s.read is not None:
             try:
                 s.read.wait()
+                self.discarded_bytes += s.read.nbytes  # moved, then not used: the disk's wasted reads
             except BaseException:  # noqa: BLE001 - its block is read again when its update comes
                 pass
             self.store.uncharge(Tier.HOST, s.charged)
