@@ -19,12 +19,14 @@ when the record's number passes its target.
 
 from __future__ import annotations
 
-import json
 import operator
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from carina.core.bench import load_records
+from carina.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -40,7 +42,7 @@ REQUIRED = FIELDS - {"unit", "note", "target", "target_path"}
 NAME_KEYS = ("name", "method")  # what names a list item: a figure's name, a summary row's method
 
 
-class GoalError(ValueError):
+class GoalError(ConfigError):
     """A goal entry or the record it points at is malformed; says which entry and why."""
 
 
@@ -105,7 +107,7 @@ def judge(entry: Mapping[str, Any], results: Path = RESULTS) -> tuple[float, Any
     file = results / entry["record"]
     if not file.exists():
         raise GoalError(f"goal {entry['goal']!r}: no record {entry['record']}")
-    record = json.loads(file.read_text())
+    [record] = load_records(file)  # validated as every record the docs render
     value = lookup(record, entry["path"])
     if "target_path" in entry:
         target: Any = lookup(record, entry["target_path"])

@@ -18,11 +18,18 @@ def _load():
 
 goals = _load()
 
+FIGURE = {"unit": "x", "higher_is_better": True, "basis": "measured", "ceiling": None, "ceiling_source": ""}
 RECORD = {
+    "schema": "carina.bench/1",
     "name": "demo",
+    "git_sha": "0" * 40,
+    "machine": {"label": "m"},
+    "command": "made by hand for this test",
+    "config": {},
+    "environment": {},
     "figures": [
-        {"name": "tokens_per_s", "value": 17054.0, "ratio_to_ceiling": 0.8784},
-        {"name": "tflops", "value": 300.5},
+        {**FIGURE, "name": "tokens_per_s", "value": 17054.0, "ratio_to_ceiling": 0.8784, "peers": {}},
+        {**FIGURE, "name": "tflops", "value": 300.5, "ratio_to_ceiling": None, "peers": {}},
     ],
     "metrics": {
         "fraction_of_roofline": 0.8949,
@@ -122,6 +129,18 @@ def test_between_is_two_sided(results):
 def test_judge_refuses_a_missing_record(results):
     with pytest.raises(goals.GoalError, match=r"no record m/none\.json"):
         goals.judge(_entry(record="m/none.json"), results)
+
+
+def test_judge_refuses_a_record_that_is_not_a_bench_record(results):
+    (results / "m" / "bare.json").write_text(json.dumps({"metrics": {"fraction_of_roofline": 0.95}}))
+    with pytest.raises(Exception, match="record lacks 'schema'"):
+        goals.judge(_entry(record="m/bare.json"), results)
+
+
+def test_goal_errors_are_carina_config_errors():
+    from carina.core.errors import ConfigError
+
+    assert issubclass(goals.GoalError, ConfigError)
 
 
 def test_load_goals_rejects_unknown_fields_and_operators(tmp_path):
