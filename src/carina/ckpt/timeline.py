@@ -21,7 +21,7 @@ Phases: ``copies_done`` (a writer that waits for every lent copy before it start
 ``crc_frontier`` (the feeder and the checksums waiting for lent copies), ``feed_queue`` (the feeder
 blocked on a full engine queue: the engine, and so the disk, is behind). A stream keeps its first
 point, one each time it passes a multiple of ``every`` bytes, and its last: about 23 points for a
-22.6 GB save at the default 1 GiB.
+22.6 GB save at the default 1 GiB. A stream only rises, and each point is when it first reached its value.
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ class Timeline:
             self._mark(stream, value, now)
 
     def _mark(self, stream: str, value: int, now: float) -> None:
-        if stream not in self._points or value >= self._next[stream]:
+        last = self._last.get(stream)
+        if last is not None and value <= last[1]:
+            return  # a stream only rises: a repeat, or a lower value another thread marked late, adds nothing
+        if last is None or value >= self._next[stream]:
             self._points.setdefault(stream, []).append((now, value))
             self._next[stream] = (value // self.every + 1) * self.every
         self._last[stream] = (now, value)
