@@ -93,7 +93,11 @@ def break_even_Bps(durable_s: float, nbytes: int) -> float | None:
 def attribute(
     write_GBps: float | None, probe_GBps: float | None, write_s: float | None, waits: dict[str, float]
 ) -> str | None:
-    """What held the write phase back (the module's rules); None without a probe or a timeline."""
+    """What held the write phase back (the module's rules); None without a probe or a timeline.
+
+    ``waits`` holds ``feed_frontier_s`` and ``feed_queue_s`` (seconds), as :func:`carina.ckpt.timeline.summarize`
+    gives them.
+    """
     if not write_GBps or not probe_GBps or not write_s:
         return None
     if write_GBps >= 0.9 * probe_GBps:
@@ -103,6 +107,11 @@ def attribute(
     if waits.get("feed_queue_s", 0.0) >= 0.5 * write_s:
         return "io_path"
     return "feeder"
+
+
+#: The fields of :func:`carina.ckpt.timeline.summarize` a row keeps, in its order.
+_WRITER_FIELDS = ("first_write_s", "write_s", "write_GBps", "copies_done_s", "feed_frontier_s", "crc_frontier_s",
+                  "feed_queue_s", "crc_after_write_s", "fsync_s", "commit_s", "retention_s")  # fmt: skip
 
 
 def writer_row(durable_s: float | None, bytes_written: int, timeline: dict[str, Any] | None, received_s: float | None,
@@ -128,15 +137,9 @@ def writer_row(durable_s: float | None, bytes_written: int, timeline: dict[str, 
     if timeline is None:
         return row
     got = summarize(timeline)
-    first, last = got["first_write_s"], got["written_s"]
-    write_s = None if first is None or last is None else round(last - first, 6)
-    waits = {k: got[k] for k in ("feed_frontier_s", "crc_frontier_s", "feed_queue_s")}
-    row.update({"received_s": None if received_s is None else round(received_s, 4), "first_write_s": first,
-                "write_s": write_s,
-                "write_GBps": got["write_GBps"], "copies_done_s": got["copies_done_s"], **waits,
-                "crc_after_write_s": got["crc_after_write_s"], "fsync_s": got["fsync_s"],
-                "commit_s": got["commit_s"], "retention_s": got["retention_s"]})  # fmt: skip
+    row["received_s"] = None if received_s is None else round(received_s, 4)
+    row.update({k: got[k] for k in _WRITER_FIELDS})
     if probe_GBps and got["write_GBps"]:
         row["write_over_disk"] = round(got["write_GBps"] / probe_GBps, 4)
-    row["limit"] = attribute(got["write_GBps"], probe_GBps, write_s, waits)
+    row["limit"] = attribute(got["write_GBps"], probe_GBps, got["write_s"], got)
     return row

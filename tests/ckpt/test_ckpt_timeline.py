@@ -121,6 +121,7 @@ def test_summarize_splits_a_save_into_its_parts() -> None:
     assert summarize(tl) == {
         "first_write_s": 0.5,
         "written_s": 8.5,
+        "write_s": 8.0,
         "bytes_written": 20 * GiB,
         "write_GBps": 2.6844,  # 21474836480 B / 8.0 s
         "copies_done_s": 3.0,  # the frontier reached its last value

@@ -132,12 +132,12 @@ class Timeline:
 def summarize(timeline: dict[str, Any]) -> dict[str, Any]:
     """Where a save's time went, from :meth:`Timeline.to_dict` (seconds since the writer took the job).
 
-    ``first_write_s`` (the first request submitted), ``written_s`` (the last write completed),
-    ``write_GBps`` (the bytes written over that span), ``copies_done_s`` (the frontier's last rise, or
-    the ``copies_done`` phase), ``checksummed_s``, ``fsynced_s``, ``durable_s``, ``done_s``;
-    ``crc_after_write_s`` (checksums still running after the last write), ``fsync_s`` (fsync after the
-    later of both), ``commit_s`` (fsynced to durable), ``retention_s``; and the waits. None where the
-    timeline lacks the mark.
+    ``first_write_s`` (the first request submitted), ``written_s`` (the last write completed), ``write_s``
+    (the span between them, the write phase), ``write_GBps`` (the bytes written over it), ``copies_done_s``
+    (the frontier's last rise, or the ``copies_done`` phase), ``checksummed_s``, ``fsynced_s``,
+    ``durable_s``, ``done_s``; ``crc_after_write_s`` (checksums still running after the last write),
+    ``fsync_s`` (fsync after the later of both), ``commit_s`` (fsynced to durable), ``retention_s``; and
+    the waits. None where the timeline lacks the mark.
     """
     phases, streams, waits = timeline["phases"], timeline["streams"], timeline.get("waits_s", {})
     submitted, written, frontier = streams.get("submitted"), streams.get("written"), streams.get("frontier")
@@ -156,6 +156,7 @@ def summarize(timeline: dict[str, Any]) -> dict[str, Any]:
     return {
         "first_write_s": first,
         "written_s": last,
+        "write_s": span,
         "bytes_written": nbytes,
         "write_GBps": round(nbytes / span / 1e9, 4) if span else None,
         "copies_done_s": copies,
