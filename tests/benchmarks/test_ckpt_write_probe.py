@@ -9,12 +9,14 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "ckpt"))
+sys.path.insert(0, str(REPO / "tests" / "ckpt"))  # ckpt_state: the timeline record test_ckpt_timeline.py uses
 _spec = importlib.util.spec_from_file_location("ckpt_bench_offload_p", REPO / "benchmarks/ckpt/bench_offload.py")
 assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 from ckpt_methods import DcpSave, TorchSave  # noqa: E402
+from ckpt_state import timeline_record  # noqa: E402
 from write_probe import REQUEST, attribute, break_even_Bps, same_size_probe, window_rates, writer_row  # noqa: E402
 
 GiB = 1 << 30
@@ -42,23 +44,9 @@ def test_the_limit_rules():
     assert attribute(1.79, None, 10.0, {}) is None and attribute(None, 2.0, 10.0, {}) is None
 
 
-def _timeline() -> dict[str, Any]:
-    return {
-        "t0": 100.0,
-        "every": GiB,
-        "phases": {"checksummed": 9.0, "fsynced": 9.5, "durable": 9.8, "done": 15.8},
-        "waits_s": {"feed_frontier": 0.25, "feed_queue": 6.0},
-        "streams": {
-            "submitted": [[0.5, 64 << 20], [8.0, 20 * GiB]],
-            "written": [[1.0, 64 << 20], [8.5, 20 * GiB]],
-            "frontier": [[0.4, GiB], [3.0, 20 * GiB]],
-        },
-    }
-
-
 def test_a_row_sets_the_save_beside_its_same_size_probe():
     probe = {"s": 11.2874, "Bps": 2.0e9}
-    row = writer_row(PROCESS, BYTES, _timeline(), 0.125, probe)
+    row = writer_row(PROCESS, BYTES, timeline_record(), 0.125, probe)
     assert row == {
         "same_size_s": 11.2874,
         "same_size_GBps": 2.0,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ckpt_state import make_state
+from ckpt_state import make_state, timeline_record
 
 from carina.ckpt import Checkpointer, Config, WriterKind, commit, writers
 from carina.ckpt.commit import step_dir_name
@@ -107,17 +107,7 @@ def test_every_must_be_positive() -> None:
 
 
 def test_summarize_splits_a_save_into_its_parts() -> None:
-    tl = {
-        "t0": 0.0,
-        "every": GiB,
-        "phases": {"checksummed": 9.0, "fsynced": 9.5, "durable": 9.8, "done": 15.8},
-        "waits_s": {"feed_frontier": 0.25, "feed_queue": 6.0},
-        "streams": {
-            "submitted": [[0.5, 64 << 20], [8.0, 20 * GiB]],
-            "written": [[1.0, 64 << 20], [8.5, 20 * GiB]],
-            "frontier": [[0.4, GiB], [3.0, 20 * GiB], [8.0, 20 * GiB]],
-        },
-    }
+    tl = timeline_record()
     assert summarize(tl) == {
         "first_write_s": 0.5,
         "written_s": 8.5,
