@@ -17,7 +17,15 @@ _spec.loader.exec_module(bench)
 
 from ckpt_methods import DcpSave, TorchSave  # noqa: E402
 from ckpt_state import timeline_record  # noqa: E402
-from write_probe import REQUEST, attribute, break_even_Bps, same_size_probe, window_rates, writer_row  # noqa: E402
+from write_probe import (  # noqa: E402
+    REQUEST,
+    attribute,
+    break_even_Bps,
+    same_size_probe,
+    window_rates,
+    write_passes,
+    writer_row,
+)
 
 GiB = 1 << 30
 # ckpt_offload7b_h200_s10: the process and thread writers' bytes and durable times.
@@ -74,9 +82,14 @@ def test_a_row_sets_the_save_beside_its_same_size_probe():
 def test_the_probe_writes_whole_requests_fsyncs_and_deletes(tmp_path):
     got = same_size_probe(tmp_path, REQUEST + 1, every=REQUEST)
     assert got["bytes"] == 2 * REQUEST and list(tmp_path.iterdir()) == []
-    tl = got["timeline"]
-    assert [v for _, v in tl["streams"]["written"]] == [REQUEST, 2 * REQUEST]
-    assert tl["streams"]["submitted"][-1][1] == 2 * REQUEST and "fsynced" in tl["phases"]
+    tl = got["timeline"]  # (how many completions were counted before the last mark is the threads' business)
+    assert tl["streams"]["written"][-1][1] == tl["streams"]["submitted"][-1][1] == 2 * REQUEST
+    assert [v for _, v in tl["streams"]["submitted"]] == [REQUEST, 2 * REQUEST] and "fsynced" in tl["phases"]
+
+
+def test_the_fixed_size_passes_write_the_same_way_and_delete(tmp_path):
+    rates = write_passes(tmp_path, REQUEST, passes=2)  # after an untimed pass, which is not returned
+    assert len(rates) == 2 and all(r > 0 for r in rates) and list(tmp_path.iterdir()) == []
 
 
 def _tiny(root: Path, cls: Any) -> Any:
