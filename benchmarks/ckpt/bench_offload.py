@@ -277,11 +277,16 @@ def writes(driver: Driver, window: int = 4 << 30) -> list[dict[str, Any]]:
         probe, tl = res.get("same_size"), res.get("timeline")
         if probe is None and tl is None:
             continue
-        rates = {k: window_rates(t["streams"]["written"], window) if t and "written" in t["streams"] else None
-                 for k, t in (("probe", probe and probe["timeline"]), ("writer", tl))}  # fmt: skip
-        out.append({"method": name, "window_GiB": window >> 30, "probe_GBps_by_window": rates["probe"],
-                    "writer_GBps_by_window": rates["writer"], "same_size_probe": probe, "timeline": tl})  # fmt: skip
+        out.append({"method": name, "window_GiB": window >> 30,
+                    "probe_GBps_by_window": _rates(probe["timeline"] if probe else None, window),
+                    "writer_GBps_by_window": _rates(tl, window), "same_size_probe": probe, "timeline": tl})  # fmt: skip
     return out
+
+
+def _rates(timeline: dict[str, Any] | None, window: int) -> list[float] | None:
+    """GB/s over each ``window`` bytes of a timeline's ``written`` stream (None without one)."""
+    written = timeline["streams"].get("written") if timeline else None
+    return window_rates(written, window) if written else None
 
 
 def write(args: Any, driver: Driver, wall_s: float) -> None:

@@ -3,6 +3,7 @@
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -77,6 +78,15 @@ def test_a_row_sets_the_save_beside_its_same_size_probe():
     }
     assert writer_row(THREAD, BYTES, None, None, probe)["within_bound_same"] is False  # 14.935 > 14.0449
     assert writer_row(PROCESS, BYTES, None, None, None) == {}
+
+
+def test_metrics_writes_keeps_both_timelines_with_their_rates_by_window():
+    tl = timeline_record()
+    driver = SimpleNamespace(results={"carina-process": {"same_size": {"timeline": tl}, "timeline": tl},
+                                      "torch.save": {}, "carina-fork": {"timeline": None}})  # fmt: skip
+    (row,) = bench.writes(driver)  # the methods with neither are left out
+    assert row["method"] == "carina-process" and row["window_GiB"] == 4 and row["timeline"] is tl
+    assert row["probe_GBps_by_window"] == row["writer_GBps_by_window"] == [2.854]  # (20 GiB - 64 MiB) / 7.5 s
 
 
 def test_the_probe_writes_whole_requests_fsyncs_and_deletes(tmp_path):
