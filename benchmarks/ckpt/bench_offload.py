@@ -23,7 +23,7 @@ The peers delete their previous save once the new one is durable, outside every 
 writers do after their commit; up to session 10 the peers deleted it inside their timed save).
 
 The disk bw is probed in the checkpoint directory in the same run, as bench_fork_write.py
-does without fio (``bench_stall.write_passes``: an untimed pass, then 3 timed passes of
+does without fio (``write_probe.write_passes``: an untimed pass, then 3 timed passes of
 ``--probe-mb`` O_DIRECT writes, each fsynced): once before the model is built, once after
 the last method; ``metrics.disk_probe`` keeps every pass, the bound uses the best of all.
 
@@ -52,12 +52,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_stall import write_passes
 from ckpt_methods import make_method, saved_bytes
 from ckpt_workload import PeakMemory
 from offload_fit import fit_model
 from stall_record import env
-from write_probe import same_size_probe, window_rates, writer_row
+from write_probe import same_size_probe, window_rates, write_passes, writer_row
 
 from carina.core.bench import Figure, make_record, write_record
 
@@ -278,11 +277,16 @@ def writes(driver: Driver, window: int = 4 << 30) -> list[dict[str, Any]]:
         probe, tl = res.get("same_size"), res.get("timeline")
         if probe is None and tl is None:
             continue
-        rates = {k: window_rates(t["streams"]["written"], window) if t and "written" in t["streams"] else None
-                 for k, t in (("probe", probe and probe["timeline"]), ("writer", tl))}  # fmt: skip
-        out.append({"method": name, "window_GiB": window >> 30, "probe_GBps_by_window": rates["probe"],
-                    "writer_GBps_by_window": rates["writer"], "same_size_probe": probe, "timeline": tl})  # fmt: skip
+        out.append({"method": name, "window_GiB": window >> 30,
+                    "probe_GBps_by_window": _rates(probe["timeline"] if probe else None, window),
+                    "writer_GBps_by_window": _rates(tl, window), "same_size_probe": probe, "timeline": tl})  # fmt: skip
     return out
+
+
+def _rates(timeline: dict[str, Any] | None, window: int) -> list[float] | None:
+    """GB/s over each ``window`` bytes of a timeline's ``written`` stream (None without one)."""
+    written = timeline["streams"].get("written") if timeline else None
+    return window_rates(written, window) if written else None
 
 
 def write(args: Any, driver: Driver, wall_s: float) -> None:

@@ -45,6 +45,7 @@ from ckpt_workload import (
     release_host_memory,
     state_bytes,
 )
+from write_probe import write_passes
 
 
 # -- measurement ------------------------------------------------------------------
@@ -148,33 +149,6 @@ def disk_ceiling(root: Path, nbytes: int, passes: int = 3) -> tuple[float, str]:
     rates = write_passes(root, size, passes)
     each = ", ".join(f"{r / 1e9:.3f}" for r in rates)
     return max(rates), f"carina.io seq write O_DIRECT {size >> 20} MiB, best of {passes} ({each} GB/s) (fio absent)"
-
-
-def write_passes(root: Path, size: int, passes: int = 3) -> list[float]:
-    """Each timed pass's rate (B/s): ``size`` bytes written with carina.io (O_DIRECT, 64 MiB requests) and fsynced.
-
-    An untimed 64 MiB pass comes first; every pass writes a new file in ``root``, deleted after it.
-    """
-    from carina.io import Direct, IOConfig, IOEngine, aligned_buffer
-
-    target = root / "fio.bin"
-    buf = aligned_buffer(64 << 20)
-    buf[:] = 1  # touched: no page faults inside the timed writes
-    rates = []
-    with IOEngine(IOConfig(direct=Direct.ON)) as eng:
-        for i in range(passes + 1):
-            t0 = time.perf_counter()
-            h = eng.open(target, "w", size=size if i else len(buf))
-            futs = [eng.write(h, off, buf) for off in range(0, size if i else len(buf), len(buf))]
-            for f in futs:
-                f.result()
-            eng.fsync(h)
-            eng.close_file(h)
-            took = time.perf_counter() - t0
-            target.unlink(missing_ok=True)  # each pass a new file, as each checkpoint is
-            if i:
-                rates.append(size / took)
-    return rates
 
 
 def sync_copy_s(model: Any, opt: Any, limit: int = 4 << 30) -> float | None:

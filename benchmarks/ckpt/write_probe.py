@@ -15,6 +15,8 @@ save's durable time, its writer's timeline (:mod:`carina.ckpt.timeline`) and the
 - else ``feeder``: it neither waited nor was blocked, yet did not submit fast enough (CPU starvation).
 
 What comes after the write phase (checksums still running, fsync, commit) is in the row as seconds.
+:func:`write_passes` is the ckpt benchmarks' fixed-size disk probe (bench_stall.disk_ceiling without fio,
+bench_offload.py's 4 GiB passes); both probes write through :func:`write_once`.
 """
 
 from __future__ import annotations
@@ -27,19 +29,72 @@ from typing import Any
 REQUEST = 64 << 20
 
 
+def write_once(eng: Any, target: Path, size: int, buf: Any, every: int = 1 << 30) -> tuple[float, Any]:
+    """Write ``size`` bytes to a new file ``target`` through ``eng``, ``buf`` request after request; fsync, close.
+
+    Every disk probe of the ckpt benchmarks writes this way, as carina's writers do (one request in
+    flight per ``buf``, the engine's queue full, one fsync at the end).
+
+    Returns:
+        The seconds from open to closed, and the write's :class:`carina.ckpt.timeline.Timeline`
+        (streams ``submitted`` and ``written``, phase ``fsynced``).
+    """
+    from carina.ckpt.timeline import Timeline
+
+    tl = Timeline(every)
+    h = eng.open(target, "w", size=size)
+
+    def written(fut: Any) -> None:
+        if fut.exception() is None:
+            tl.add("written", len(buf))
+
+    futs = []
+    for off in range(0, size, len(buf)):
+        fut = eng.write(h, off, buf)
+        fut.add_done_callback(written)
+        futs.append(fut)
+        tl.mark("submitted", off + len(buf))
+    for f in futs:
+        f.result()
+    tl.mark("written", size)  # a future wakes result() before its callbacks run: count the last ones now
+    eng.fsync(h)
+    tl.phase("fsynced")
+    eng.close_file(h)
+    return time.monotonic() - tl.t0, tl
+
+
+def write_passes(root: Path, size: int, passes: int = 3) -> list[float]:
+    """Each timed pass's rate (B/s): ``size`` bytes written with carina.io (O_DIRECT, 64 MiB requests) and fsynced.
+
+    An untimed 64 MiB pass comes first; every pass writes a new file in ``root``, deleted after it. The
+    source is a buffer of ones, as in every record so far (:func:`same_size_probe` writes random bytes).
+    """
+    from carina.io import Direct, IOConfig, IOEngine, aligned_buffer
+
+    target = root / "fio.bin"
+    buf = aligned_buffer(REQUEST)
+    buf[:] = 1  # touched: no page faults inside the timed writes
+    rates = []
+    with IOEngine(IOConfig(direct=Direct.ON)) as eng:
+        for each in (REQUEST, *[size] * passes):
+            took, _ = write_once(eng, target, each, buf)
+            target.unlink(missing_ok=True)  # each pass a new file, as each checkpoint is
+            rates.append(each / took)
+    return rates[1:]
+
+
 def same_size_probe(root: Path, nbytes: int, every: int = 1 << 30) -> dict[str, Any]:
     """Write ``nbytes`` (rounded up to 64 MiB requests) to a new file in ``root`` like a writer, fsync, delete.
 
     The source is one 64 MiB buffer of random bytes (no zero or repeated-pattern shortcut a virtual disk
-    might take), written request after request through one carina.io engine, O_DIRECT.
+    might take), written by :func:`write_once` through one carina.io engine, O_DIRECT.
 
     Returns:
-        ``bytes``, ``s`` (open to fsynced), ``Bps``, ``unlink_s`` (deleting the file and fsyncing the
-        folder, after the timing) and ``timeline`` (stream ``written``, phase ``fsynced``).
+        ``bytes``, ``s`` (open to closed, fsynced), ``Bps``, ``unlink_s`` (deleting the file and fsyncing
+        the folder, after the timing) and ``timeline`` (streams ``submitted``, ``written``, phase ``fsynced``).
     """
     import numpy as np
 
-    from carina.ckpt.timeline import Timeline
     from carina.io import Direct, IOConfig, IOEngine, aligned_buffer
 
     size = -(-nbytes // REQUEST) * REQUEST
@@ -47,25 +102,7 @@ def same_size_probe(root: Path, nbytes: int, every: int = 1 << 30) -> dict[str, 
     buf[:] = np.random.default_rng(0).integers(0, 256, REQUEST, dtype=np.uint8)
     target = root / "same_size_probe.bin"
     with IOEngine(IOConfig(direct=Direct.ON)) as eng:
-        tl = Timeline(every)
-        h = eng.open(target, "w", size=size)
-        futs = []
-
-        def written(fut: Any) -> None:
-            if fut.exception() is None:
-                tl.add("written", REQUEST)
-
-        for off in range(0, size, REQUEST):
-            fut = eng.write(h, off, buf)
-            fut.add_done_callback(written)
-            futs.append(fut)
-            tl.mark("submitted", off + REQUEST)
-        for f in futs:
-            f.result()
-        eng.fsync(h)
-        tl.phase("fsynced")
-        eng.close_file(h)
-    took = time.monotonic() - tl.t0
+        took, tl = write_once(eng, target, size, buf, every)
     t0 = time.monotonic()
     target.unlink()
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
@@ -93,7 +130,11 @@ def break_even_Bps(durable_s: float, nbytes: int) -> float | None:
 def attribute(
     write_GBps: float | None, probe_GBps: float | None, write_s: float | None, waits: dict[str, float]
 ) -> str | None:
-    """What held the write phase back (the module's rules); None without a probe or a timeline."""
+    """What held the write phase back (the module's rules); None without a probe or a timeline.
+
+    ``waits`` holds ``feed_frontier_s`` and ``feed_queue_s`` (seconds), as :func:`carina.ckpt.timeline.summarize`
+    gives them.
+    """
     if not write_GBps or not probe_GBps or not write_s:
         return None
     if write_GBps >= 0.9 * probe_GBps:
@@ -103,6 +144,11 @@ def attribute(
     if waits.get("feed_queue_s", 0.0) >= 0.5 * write_s:
         return "io_path"
     return "feeder"
+
+
+#: The fields of :func:`carina.ckpt.timeline.summarize` a row keeps, in its order.
+_WRITER_FIELDS = ("first_write_s", "write_s", "write_GBps", "copies_done_s", "feed_frontier_s", "crc_frontier_s",
+                  "feed_queue_s", "crc_after_write_s", "fsync_s", "commit_s", "retention_s")  # fmt: skip
 
 
 def writer_row(durable_s: float | None, bytes_written: int, timeline: dict[str, Any] | None, received_s: float | None,
@@ -128,15 +174,9 @@ def writer_row(durable_s: float | None, bytes_written: int, timeline: dict[str, 
     if timeline is None:
         return row
     got = summarize(timeline)
-    first, last = got["first_write_s"], got["written_s"]
-    write_s = None if first is None or last is None else round(last - first, 6)
-    waits = {k: got[k] for k in ("feed_frontier_s", "crc_frontier_s", "feed_queue_s")}
-    row.update({"received_s": None if received_s is None else round(received_s, 4), "first_write_s": first,
-                "write_s": write_s,
-                "write_GBps": got["write_GBps"], "copies_done_s": got["copies_done_s"], **waits,
-                "crc_after_write_s": got["crc_after_write_s"], "fsync_s": got["fsync_s"],
-                "commit_s": got["commit_s"], "retention_s": got["retention_s"]})  # fmt: skip
+    row["received_s"] = None if received_s is None else round(received_s, 4)
+    row.update({k: got[k] for k in _WRITER_FIELDS})
     if probe_GBps and got["write_GBps"]:
         row["write_over_disk"] = round(got["write_GBps"] / probe_GBps, 4)
-    row["limit"] = attribute(got["write_GBps"], probe_GBps, write_s, waits)
+    row["limit"] = attribute(got["write_GBps"], probe_GBps, got["write_s"], got)
     return row

@@ -3,19 +3,30 @@
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "ckpt"))
+sys.path.insert(0, str(REPO / "tests" / "ckpt"))  # ckpt_state: the timeline record test_ckpt_timeline.py uses
 _spec = importlib.util.spec_from_file_location("ckpt_bench_offload_p", REPO / "benchmarks/ckpt/bench_offload.py")
 assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 from ckpt_methods import DcpSave, TorchSave  # noqa: E402
-from write_probe import REQUEST, attribute, break_even_Bps, same_size_probe, window_rates, writer_row  # noqa: E402
+from ckpt_state import timeline_record  # noqa: E402
+from write_probe import (  # noqa: E402
+    REQUEST,
+    attribute,
+    break_even_Bps,
+    same_size_probe,
+    window_rates,
+    write_passes,
+    writer_row,
+)
 
 GiB = 1 << 30
 # ckpt_offload7b_h200_s10: the process and thread writers' bytes and durable times.
@@ -42,23 +53,9 @@ def test_the_limit_rules():
     assert attribute(1.79, None, 10.0, {}) is None and attribute(None, 2.0, 10.0, {}) is None
 
 
-def _timeline() -> dict[str, Any]:
-    return {
-        "t0": 100.0,
-        "every": GiB,
-        "phases": {"checksummed": 9.0, "fsynced": 9.5, "durable": 9.8, "done": 15.8},
-        "waits_s": {"feed_frontier": 0.25, "feed_queue": 6.0},
-        "streams": {
-            "submitted": [[0.5, 64 << 20], [8.0, 20 * GiB]],
-            "written": [[1.0, 64 << 20], [8.5, 20 * GiB]],
-            "frontier": [[0.4, GiB], [3.0, 20 * GiB]],
-        },
-    }
-
-
 def test_a_row_sets_the_save_beside_its_same_size_probe():
     probe = {"s": 11.2874, "Bps": 2.0e9}
-    row = writer_row(PROCESS, BYTES, _timeline(), 0.125, probe)
+    row = writer_row(PROCESS, BYTES, timeline_record(), 0.125, probe)
     assert row == {
         "same_size_s": 11.2874,
         "same_size_GBps": 2.0,
@@ -83,12 +80,26 @@ def test_a_row_sets_the_save_beside_its_same_size_probe():
     assert writer_row(PROCESS, BYTES, None, None, None) == {}
 
 
+def test_metrics_writes_keeps_both_timelines_with_their_rates_by_window():
+    tl = timeline_record()
+    driver = SimpleNamespace(results={"carina-process": {"same_size": {"timeline": tl}, "timeline": tl},
+                                      "torch.save": {}, "carina-fork": {"timeline": None}})  # fmt: skip
+    (row,) = bench.writes(driver)  # the methods with neither are left out
+    assert row["method"] == "carina-process" and row["window_GiB"] == 4 and row["timeline"] is tl
+    assert row["probe_GBps_by_window"] == row["writer_GBps_by_window"] == [2.854]  # (20 GiB - 64 MiB) / 7.5 s
+
+
 def test_the_probe_writes_whole_requests_fsyncs_and_deletes(tmp_path):
     got = same_size_probe(tmp_path, REQUEST + 1, every=REQUEST)
     assert got["bytes"] == 2 * REQUEST and list(tmp_path.iterdir()) == []
-    tl = got["timeline"]
-    assert [v for _, v in tl["streams"]["written"]] == [REQUEST, 2 * REQUEST]
-    assert tl["streams"]["submitted"][-1][1] == 2 * REQUEST and "fsynced" in tl["phases"]
+    tl = got["timeline"]  # (how many completions were counted before the last mark is the threads' business)
+    assert tl["streams"]["written"][-1][1] == tl["streams"]["submitted"][-1][1] == 2 * REQUEST
+    assert [v for _, v in tl["streams"]["submitted"]] == [REQUEST, 2 * REQUEST] and "fsynced" in tl["phases"]
+
+
+def test_the_fixed_size_passes_write_the_same_way_and_delete(tmp_path):
+    rates = write_passes(tmp_path, REQUEST, passes=2)  # after an untimed pass, which is not returned
+    assert len(rates) == 2 and all(r > 0 for r in rates) and list(tmp_path.iterdir()) == []
 
 
 def _tiny(root: Path, cls: Any) -> Any:

@@ -70,3 +70,24 @@ def run_ranks(target: Any, args_of: Any, world: int, timeout_s: float = 240) -> 
             p.kill()
             p.join()
     return [p.exitcode for p in procs]
+
+
+def timeline_record() -> dict[str, Any]:
+    """A save's write timeline (:meth:`carina.ckpt.timeline.Timeline.to_dict`), 20 GiB over 8 s, with known parts.
+
+    Writes from 0.5 s (submitted) to 8.5 s (last completed); the copies done at 3.0 s (the frontier's last
+    rise); checksums 9.0 s, fsync 9.5 s, durable 9.8 s, retention done 15.8 s; the feeder waited 0.25 s for
+    copies and 6.0 s on a full engine queue. A new dict each call: tests change it.
+    """
+    gib = 1 << 30
+    return {
+        "t0": 0.0,
+        "every": gib,
+        "phases": {"checksummed": 9.0, "fsynced": 9.5, "durable": 9.8, "done": 15.8},
+        "waits_s": {"feed_frontier": 0.25, "feed_queue": 6.0},
+        "streams": {
+            "submitted": [[0.5, 64 << 20], [8.0, 20 * gib]],
+            "written": [[1.0, 64 << 20], [8.5, 20 * gib]],
+            "frontier": [[0.4, gib], [3.0, 20 * gib]],
+        },
+    }

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
-from ckpt_state import make_state
+from ckpt_state import make_state, timeline_record
 
-from carina.ckpt import Checkpointer, Config, WriterKind
+from carina.ckpt import Checkpointer, Config, WriterKind, commit, writers
 from carina.ckpt.commit import step_dir_name
 from carina.ckpt.timeline import Timeline, summarize
 from carina.core.errors import ConfigError
@@ -29,6 +30,49 @@ def test_a_stream_keeps_its_first_point_each_multiple_it_passes_and_its_last() -
     assert tl.to_dict()["streams"]["submitted"] == [[0.5, 30], [1.5, 120], [2.5, 310], [3.0, 330]]
     tl.mark("frontier", 500, at=11.0)  # a single point is first and last at once
     assert tl.to_dict()["streams"]["frontier"] == [[1.0, 500]]
+
+
+def test_a_stream_only_rises_and_keeps_when_it_first_reached_a_value() -> None:
+    tl = _at()
+    for t, v in [(10.5, 130), (11.0, 120), (11.5, 130), (12.0, 140)]:  # 120: another thread's late, lower mark
+        tl.mark("frontier", v, at=t)
+    assert tl.to_dict()["streams"]["frontier"] == [[0.5, 130], [2.0, 140]]
+
+
+def test_the_writer_counts_every_byte_written_though_completions_are_counted_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A future wakes ``result()`` before it runs its callbacks: ``finish()`` marks every byte written anyway."""
+    from carina.io import IOConfig, IOEngine
+
+    monkeypatch.setattr(commit, "CHUNK", 64 << 10)
+    data = os.urandom((3 << 16) + 5)
+    late: list[tuple[Any, Any]] = []
+
+    class Late:
+        """An engine future whose completion callbacks have not run yet."""
+
+        def __init__(self, fut: Any) -> None:
+            self.fut = fut
+
+        def result(self) -> int:
+            return int(self.fut.result())
+
+        def exception(self) -> BaseException | None:
+            return self.fut.exception()
+
+        def add_done_callback(self, fn: Any) -> None:
+            late.append((fn, self))
+
+    tl = Timeline(1 << 16)
+    with IOEngine(IOConfig()) as engine:
+        real = engine.write
+        monkeypatch.setattr(engine, "write", lambda handle, offset, buf: Late(real(handle, offset, buf)))
+        writers.engine_writer(engine, timeline=tl)(str(tmp_path / "f"), memoryview(data))()
+    assert [v for _, v in tl.to_dict()["streams"]["written"]] == [len(data)] and len(late) == 4
+    for fn, fut in late:  # the completions counted after all: the stream stays where it is
+        fn(fut)
+    assert [v for _, v in tl.to_dict()["streams"]["written"]] == [len(data)]
 
 
 def test_completions_are_summed_and_phases_keep_their_first_mark() -> None:
@@ -63,20 +107,11 @@ def test_every_must_be_positive() -> None:
 
 
 def test_summarize_splits_a_save_into_its_parts() -> None:
-    tl = {
-        "t0": 0.0,
-        "every": GiB,
-        "phases": {"checksummed": 9.0, "fsynced": 9.5, "durable": 9.8, "done": 15.8},
-        "waits_s": {"feed_frontier": 0.25, "feed_queue": 6.0},
-        "streams": {
-            "submitted": [[0.5, 64 << 20], [8.0, 20 * GiB]],
-            "written": [[1.0, 64 << 20], [8.5, 20 * GiB]],
-            "frontier": [[0.4, GiB], [3.0, 20 * GiB], [8.0, 20 * GiB]],
-        },
-    }
+    tl = timeline_record()
     assert summarize(tl) == {
         "first_write_s": 0.5,
         "written_s": 8.5,
+        "write_s": 8.0,
         "bytes_written": 20 * GiB,
         "write_GBps": 2.6844,  # 21474836480 B / 8.0 s
         "copies_done_s": 3.0,  # the frontier reached its last value

@@ -21,7 +21,7 @@ Phases: ``copies_done`` (a writer that waits for every lent copy before it start
 ``crc_frontier`` (the feeder and the checksums waiting for lent copies), ``feed_queue`` (the feeder
 blocked on a full engine queue: the engine, and so the disk, is behind). A stream keeps its first
 point, one each time it passes a multiple of ``every`` bytes, and its last: about 23 points for a
-22.6 GB save at the default 1 GiB.
+22.6 GB save at the default 1 GiB. A stream only rises, and each point is when it first reached its value.
 """
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ class Timeline:
             self._mark(stream, value, now)
 
     def _mark(self, stream: str, value: int, now: float) -> None:
-        if stream not in self._points or value >= self._next[stream]:
+        last = self._last.get(stream)
+        if last is not None and value <= last[1]:
+            return  # a stream only rises: a repeat, or a lower value another thread marked late, adds nothing
+        if last is None or value >= self._next[stream]:
             self._points.setdefault(stream, []).append((now, value))
             self._next[stream] = (value // self.every + 1) * self.every
         self._last[stream] = (now, value)
@@ -129,12 +132,12 @@ class Timeline:
 def summarize(timeline: dict[str, Any]) -> dict[str, Any]:
     """Where a save's time went, from :meth:`Timeline.to_dict` (seconds since the writer took the job).
 
-    ``first_write_s`` (the first request submitted), ``written_s`` (the last write completed),
-    ``write_GBps`` (the bytes written over that span), ``copies_done_s`` (the frontier's last rise, or
-    the ``copies_done`` phase), ``checksummed_s``, ``fsynced_s``, ``durable_s``, ``done_s``;
-    ``crc_after_write_s`` (checksums still running after the last write), ``fsync_s`` (fsync after the
-    later of both), ``commit_s`` (fsynced to durable), ``retention_s``; and the waits. None where the
-    timeline lacks the mark.
+    ``first_write_s`` (the first request submitted), ``written_s`` (the last write completed), ``write_s``
+    (the span between them, the write phase), ``write_GBps`` (the bytes written over it), ``copies_done_s``
+    (the frontier's last rise, or the ``copies_done`` phase), ``checksummed_s``, ``fsynced_s``,
+    ``durable_s``, ``done_s``; ``crc_after_write_s`` (checksums still running after the last write),
+    ``fsync_s`` (fsync after the later of both), ``commit_s`` (fsynced to durable), ``retention_s``; and
+    the waits. None where the timeline lacks the mark.
     """
     phases, streams, waits = timeline["phases"], timeline["streams"], timeline.get("waits_s", {})
     submitted, written, frontier = streams.get("submitted"), streams.get("written"), streams.get("frontier")
@@ -153,6 +156,7 @@ def summarize(timeline: dict[str, Any]) -> dict[str, Any]:
     return {
         "first_write_s": first,
         "written_s": last,
+        "write_s": span,
         "bytes_written": nbytes,
         "write_GBps": round(nbytes / span / 1e9, 4) if span else None,
         "copies_done_s": copies,
