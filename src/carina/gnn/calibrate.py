@@ -30,6 +30,7 @@ import torch
 
 from carina.gnn.costmodel import MachineSpec, WorkloadProfile
 from carina.gnn.dataset import Dataset
+from carina.gnn.diskcost import form_seconds
 from carina.gnn.graph import node_features
 from carina.gnn.runner import RunConfig, presample
 from carina.gnn.sampler import NeighborSampler
@@ -125,12 +126,11 @@ def pick_disk_cost(seconds: float, *, reads: int, pages_per_read: int, iops: flo
     """``"additive"`` or ``"overlapped"``, whichever prices the reads nearer (by ratio).
 
     ``reads`` reads of ``pages_per_read`` pages each took ``seconds``; the forms are
-    :func:`carina.gnn.diskcost.disk_seconds`'s (one page's transfer is part of ``1 / IOPS``).
+    :func:`carina.gnn.diskcost.form_seconds` (one page's transfer is part of ``1 / IOPS``).
     """
-    page_s = 4096 / bandwidth
-    transfer = reads * pages_per_read * page_s
-    additive = reads * max(0.0, 1.0 / iops - page_s) + transfer
-    overlapped = max(reads / iops, transfer)
+    pages = reads * pages_per_read
+    additive = form_seconds("additive", reads, pages, iops=iops, ssd_bps=bandwidth)
+    overlapped = form_seconds("overlapped", reads, pages, iops=iops, ssd_bps=bandwidth)
     return "additive" if abs(math.log(seconds / additive)) < abs(math.log(seconds / overlapped)) else "overlapped"
 
 
