@@ -196,7 +196,7 @@ def _uva_rates(device: str, *, table_mb: int = 256, batch: int = 1 << 16) -> tup
     Times ``batch`` random rows at 512 B and at 4 KiB from one pinned table mapped into the
     device (:func:`carina.memory.mapped.mapped_view`) and solves ``t = rows (row / B + t_row)``
     from the two (the GPU reads small rows at a lower rate: on the H200 the zero-copy peer reached
-    about 21 GB/s with 512 B rows and 52 GB/s with 4 KiB rows, ``gnn_outofcore_*_h200_s9``).
+    about 22 GB/s with 512 B rows and 53 GB/s with 4 KiB rows, ``gnn_outofcore_*_h200_s9``).
     """
     from carina.memory.mapped import mapped_view
 

@@ -20,9 +20,9 @@ Why both, from the H200 records of lane_h200_s9 (``gnn_outofcore_*_h200_s9``, at
 at 100% cache on the IGB-like graph (4 KiB rows) the IO thread's CPU gather of the host hits
 took 56.9 ms of a 61.2 ms batch (110k rows, 451 MB, 7.9 GB/s) and bounded the run at 0.56x
 in-memory, while the zero-copy peer's GPU gather from mapped pinned memory in the same run moved
-1.02 GB per batch in about 19 ms (52 GB/s, the bus's rate). On papers-like (512 B rows) the
+1.03 GB per batch in about 19 ms (53 GB/s, about the bus's rate). On papers-like (512 B rows) the
 same gather took 6.5 ms of a 16.4 ms batch and was not the bound, and the GPU reads small rows
-at under half the bus's rate (about 21 GB/s in the same record), so which path is faster there
+at under half the bus's rate (about 22 GB/s in the same record), so which path is faster there
 depends on the rates: the cost model prices both (``predict(host_gather=...)``).
 """
 
