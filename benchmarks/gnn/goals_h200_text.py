@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from outofcore_record import TOLERANCE as TOL
+
 LABEL = {"papers": "papers-like", "igb": "IGB-like"}
-TOL = 0.15
 
 
 def _ms(x: float) -> str:
