@@ -395,7 +395,8 @@ def main(argv: list[str]) -> None:
         figures += figs
         metrics[ds] = m
         metrics |= plan
-    metrics["goals"] = goal_rows(metrics, CAUSES[sess.name], sess.machine().disk_cost)
+    calibration = sess.machine()
+    metrics["goals"] = goal_rows(metrics, CAUSES[sess.name], calibration.disk_cost, calibration.ssd_iops)
     if sess.name == "s9":  # the status across both sessions: session 8's goals record has G4
         s8 = {
             f["name"]: f["value"]
