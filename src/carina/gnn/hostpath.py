@@ -42,12 +42,12 @@ class HostGather(enum.Enum):
     DEVICE = "device"
 
 
-def resolve(mode: HostGather, host: Any, device: Any) -> tuple[HostGather, Any | None]:
-    """The path to use for a host slice ``host`` and batches on ``device``, and the slice as the device reads it.
+def resolve(mode: HostGather, host: Any, device: Any) -> Any | None:
+    """The host slice ``host`` as the compute ``device`` reads it in place, where that is the path to use.
 
     Returns:
-        ``(HostGather.CPU, None)`` or ``(HostGather.DEVICE, view)``; ``auto`` falls back to ``cpu``
-        where the slice cannot be read in place.
+        The slice as ``device`` reads it (the ``device`` path), or ``None`` (the ``cpu`` path);
+        ``auto`` falls back to ``cpu`` where the slice cannot be read in place.
 
     Raises:
         BackendUnavailable: ``device`` was asked for but the slice cannot be read in place
@@ -59,12 +59,10 @@ def resolve(mode: HostGather, host: Any, device: Any) -> tuple[HostGather, Any |
     from carina.memory.mapped import device_view
 
     if mode is HostGather.CPU or host is None or host.numel() == 0:
-        return HostGather.CPU, None
+        return None
     if mode is HostGather.AUTO and torch.device(device).type != "cuda":
-        return HostGather.CPU, None
+        return None
     view = device_view(host, device)
-    if view is not None:
-        return HostGather.DEVICE, view
-    if mode is HostGather.DEVICE:
+    if view is None and mode is HostGather.DEVICE:
         raise BackendUnavailable(f"the host slice cannot be read in place from {device} (pinned CUDA memory needed)")
-    return HostGather.CPU, None
+    return view
