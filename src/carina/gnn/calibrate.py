@@ -55,7 +55,7 @@ def calibrate_machine(
     name = torch.cuda.get_device_name() if cuda else "cpu"
     gpu_gb = torch.cuda.get_device_properties(device).total_memory / 1e9 if cuda else 0.0
     host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    gather = _gather_rate()
+    gather, copy = _gather_rate(), _copy_rate(device)
     uva_bps, uva_row_s = _uva_rates(device) if cuda else (gather, 0.0)  # a CPU reads its host slice itself
     return MachineSpec(
         name=name,
@@ -64,9 +64,9 @@ def calibrate_machine(
         ssd_count=1,
         ssd_read_gbps=bw / 1e9,
         ssd_iops=iops,
-        pcie_gbps=_copy_rate(device) / 1e9,
+        pcie_gbps=copy / 1e9,
         host_gather_gbps=gather / 1e9,
-        bus_limit_gbps=_copy_rate(device) / 1e9 if cuda else 64.0,
+        bus_limit_gbps=copy / 1e9 if cuda else 64.0,
         disk_cost=probe.form,
         uva_gbps=uva_bps / 1e9,
         uva_row_ns=uva_row_s * 1e9,
