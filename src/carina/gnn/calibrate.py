@@ -109,7 +109,8 @@ def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float, _Probe]
 def _disk_form(eng: IOEngine, h: FileHandle, pages: int, iops: float, bw: float) -> _Probe:
     """The disk cost form that fits random reads of ``g`` pages (:func:`pick_disk_cost`).
 
-    ``g`` is where a request's cost equals its bytes', so the two forms differ by 2x there.
+    ``g`` is where a request's cost (``1 / IOPS``) equals its bytes', where the two forms differ most:
+    additive over overlapped is ``2 - 1 / g`` there.
     """
     g = int(min(max(2, round(bw / (iops * 4096))), 64, pages // 2))
     reads = int(min(4096, (64 * _MB) // (g * 4096)))

@@ -16,8 +16,8 @@ not read, and a read policy that reads through holes of up to ``g`` pages merges
   behind transfers (an optimistic bound).
 
 Both forms give one page's read ``1 / IOPS`` and a long sequential read ``bytes / B``: they
-agree at the two rates the calibration measures and differ in between (by up to 2x at reads of
-``B / (IOPS 4 KiB)`` pages).
+agree at the two rates the calibration measures and differ in between, most at reads of
+``g = B / (IOPS 4 KiB)`` pages (additive over overlapped ``2 - 1 / g``).
 """
 
 from __future__ import annotations
