@@ -243,17 +243,22 @@ class Bench:
             return HostPath(self.args.host_gather)
         if not self.machine.device_gather_priced:
             return HostPath.AUTO
-        n = self.ds.manifest.num_nodes
-        rows = {"gpu_cache_rows": int(budget / 3 * n), "host_cache_rows": int(2 * budget / 3 * n)}
+        c = self.cache_config(budget)
+        rows = {"gpu_cache_rows": c.gpu_rows, "host_cache_rows": c.host_rows, "gap_pages": self.gap}
         by_path = {
             h: predict(self.machine, self.work, host_gather=h, **rows).batch_s for h in (HostPath.CPU, HostPath.DEVICE)
         }
         return min((HostPath.CPU, HostPath.DEVICE), key=lambda h: by_path[h])
 
+    def cache_config(self, budget: float) -> CacheConfig:
+        """The static cache of ``budget`` (a share of the rows): 1/3 in the GPU slice, 2/3 in the host slice."""
+        n = self.ds.manifest.num_nodes
+        return CacheConfig(gpu_rows=int(budget / 3 * n), host_rows=int(2 * budget / 3 * n))
+
     def carina_run(self, eng: IOEngine, budget: float, store_cfg: StoreConfig, cfg: RunConfig | None = None) -> dict:
-        a, n = self.args, self.ds.manifest.num_nodes
+        a = self.args
         cfg = cfg or self.cfg
-        cfg.cache = CacheConfig(gpu_rows=int(budget / 3 * n), host_rows=int(2 * budget / 3 * n))
+        cfg.cache = self.cache_config(budget)
         cfg.cache.hotness = HotnessSource.PRESAMPLE
         store = OutOfCoreFeatures(self.ds, engine=eng, device=cfg.device, config=store_cfg)
         t_fill = time.perf_counter()
@@ -318,10 +323,9 @@ class Bench:
             self.results["mmap"] = run
             self.save()
         if self.fits("sync-reads"):
-            n = self.ds.manifest.num_nodes
             sync_cfg = RunConfig.from_dict(peer_cfg.to_dict())
             sync_cfg.train.pipeline_depth = 1
-            sync_cfg.cache = CacheConfig(gpu_rows=int(b / 3 * n), host_rows=int(2 * b / 3 * n))
+            sync_cfg.cache = self.cache_config(b)
             store = OutOfCoreFeatures(self.ds, engine=eng, device=a.device)
             store.attach_cache(self.cache_at(b, sync_cfg, store))
             sync = SyncReadFeatures(store, self.ds.features_path)

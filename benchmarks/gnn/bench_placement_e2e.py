@@ -2,8 +2,8 @@
 
 The machine (``carina gnn calibrate`` JSON) gives the link rates of a one-GPU topology:
 ``ssd0 -> cpu0`` at the batch's effective disk rate (its bytes over
-:func:`~carina.gnn.costmodel.disk_seconds`: ``IOs / IOPS + bytes / bandwidth`` with the
-machine's default additive disk cost), ``dram0 -> cpu0`` at the host
+:func:`~carina.gnn.diskcost.disk_seconds` with the machine's disk cost form, by default the
+additive one: a request's own cost plus its bytes at the bandwidth), ``dram0 -> cpu0`` at the host
 gather rate and ``cpu0 <-> gpu0`` at the measured pinned H2D rate. Per batch the demand is
 the disk pages the store reads for the cache misses (``ssd0 -> gpu0``) and the host-cache
 rows (``dram0 -> gpu0``); :func:`schedule_lp` predicts the time. Measured: the same batch's

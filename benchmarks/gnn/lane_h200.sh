@@ -21,7 +21,7 @@
 # ones, and bench_outofcore's --deadline-s skips systems that no longer fit (named in `skipped`).
 # Steps (s9's times in brackets):
 #   1. preflight; PyG importable, else installed from the carried .whl-gnn                     [15 s]
-#   2. calibrate, 512 MB scratch, queue depth 128                                     (<=30 s) [22 s]
+#   2. calibrate, 512 MB scratch, queue depth 128                                     (<=30 s)  [7 s]
 #   3. bench_gather_rate (fresh against reused output)                                (<=10 s)  [-]
 #   4. prepare papers-like, 2^26 nodes, 128-d fp32 (32 GiB + 4.5 GB topology)          (<=90 s) [54 s]
 #   5. bench papers-like [25,10] @ 8000: in-memory, carina@0.5, carina@1, the other host path at 1, gap 0

@@ -2,9 +2,10 @@
 
 Reads ``benchmarks/results/<machine>/gnn_*.json`` (``h100`` by default) and, for every carina run in them, prices the
 disk reads the run actually made (its IO and page counts per batch) with both disk cost
-forms of :func:`carina.gnn.costmodel.disk_seconds`: ``additive`` (``IOs / IOPS + bytes /
-bandwidth``) and ``overlapped`` (``max`` of the two, the form the records' predictions
-used), and compares them with the measured time per batch. For the single-GPU placement
+forms of :func:`carina.gnn.diskcost.disk_seconds`: ``additive`` (a request's own cost plus its
+bytes at the bandwidth; ``IOs / IOPS + bytes / bandwidth`` until session 10, when the committed
+``gnn_model_check_h100`` was made) and ``overlapped`` (``max`` of the two, the form the records'
+predictions used), and compares them with the measured time per batch. For the single-GPU placement
 record it re-solves each batch's LP with the disk link at the additive rate. It also
 repeats the full prediction (IO counts modeled too) of the IGB-like and first papers-like
 records from their stored machine and workload (the records keep every 10th point of the

@@ -158,7 +158,8 @@ class StaticCache:
 
         The host tier's positions and slots come to the CPU (where the IO thread gathers the
         rows), or stay on the cache device with ``host_on_device`` (the device gathers them:
-        :class:`carina.gnn.hostpath.HostGather`), which saves their copy and its synchronisation.
+        :class:`carina.gnn.hostpath.HostGather`), which saves their two copies to the host (the
+        lookup still waits for the device once: ``nonzero`` and the misses' ids).
         """
         s = self.slot[n_id.to(self.device)]
         gpu_pos = torch.nonzero(s >= 0).flatten()

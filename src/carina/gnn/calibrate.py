@@ -30,6 +30,7 @@ import torch
 
 from carina.gnn.costmodel import MachineSpec, WorkloadProfile
 from carina.gnn.dataset import Dataset
+from carina.gnn.diskcost import form_seconds
 from carina.gnn.graph import node_features
 from carina.gnn.runner import RunConfig, presample
 from carina.gnn.sampler import NeighborSampler
@@ -54,7 +55,7 @@ def calibrate_machine(
     name = torch.cuda.get_device_name() if cuda else "cpu"
     gpu_gb = torch.cuda.get_device_properties(device).total_memory / 1e9 if cuda else 0.0
     host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    gather = _gather_rate()
+    gather, copy = _gather_rate(), _copy_rate(device)
     uva_bps, uva_row_s = _uva_rates(device) if cuda else (gather, 0.0)  # a CPU reads its host slice itself
     return MachineSpec(
         name=name,
@@ -63,9 +64,9 @@ def calibrate_machine(
         ssd_count=1,
         ssd_read_gbps=bw / 1e9,
         ssd_iops=iops,
-        pcie_gbps=_copy_rate(device) / 1e9,
+        pcie_gbps=copy / 1e9,
         host_gather_gbps=gather / 1e9,
-        bus_limit_gbps=_copy_rate(device) / 1e9 if cuda else 64.0,
+        bus_limit_gbps=copy / 1e9 if cuda else 64.0,
         disk_cost=probe.form,
         uva_gbps=uva_bps / 1e9,
         uva_row_ns=uva_row_s * 1e9,
@@ -108,7 +109,8 @@ def _disk(path: Path, size_mb: int, io: IOConfig) -> tuple[float, float, _Probe]
 def _disk_form(eng: IOEngine, h: FileHandle, pages: int, iops: float, bw: float) -> _Probe:
     """The disk cost form that fits random reads of ``g`` pages (:func:`pick_disk_cost`).
 
-    ``g`` is where a request's cost equals its bytes', so the two forms differ by 2x there.
+    ``g`` is where a request's cost (``1 / IOPS``) equals its bytes', where the two forms differ most:
+    additive over overlapped is ``2 - 1 / g`` there.
     """
     g = int(min(max(2, round(bw / (iops * 4096))), 64, pages // 2))
     reads = int(min(4096, (64 * _MB) // (g * 4096)))
@@ -125,12 +127,11 @@ def pick_disk_cost(seconds: float, *, reads: int, pages_per_read: int, iops: flo
     """``"additive"`` or ``"overlapped"``, whichever prices the reads nearer (by ratio).
 
     ``reads`` reads of ``pages_per_read`` pages each took ``seconds``; the forms are
-    :func:`carina.gnn.diskcost.disk_seconds`'s (one page's transfer is part of ``1 / IOPS``).
+    :func:`carina.gnn.diskcost.form_seconds` (one page's transfer is part of ``1 / IOPS``).
     """
-    page_s = 4096 / bandwidth
-    transfer = reads * pages_per_read * page_s
-    additive = reads * max(0.0, 1.0 / iops - page_s) + transfer
-    overlapped = max(reads / iops, transfer)
+    pages = reads * pages_per_read
+    additive = form_seconds("additive", reads, pages, iops=iops, ssd_bps=bandwidth)
+    overlapped = form_seconds("overlapped", reads, pages, iops=iops, ssd_bps=bandwidth)
     return "additive" if abs(math.log(seconds / additive)) < abs(math.log(seconds / overlapped)) else "overlapped"
 
 
@@ -196,7 +197,7 @@ def _uva_rates(device: str, *, table_mb: int = 256, batch: int = 1 << 16) -> tup
     Times ``batch`` random rows at 512 B and at 4 KiB from one pinned table mapped into the
     device (:func:`carina.memory.mapped.mapped_view`) and solves ``t = rows (row / B + t_row)``
     from the two (the GPU reads small rows at a lower rate: on the H200 the zero-copy peer reached
-    about 21 GB/s with 512 B rows and 52 GB/s with 4 KiB rows, ``gnn_outofcore_*_h200_s9``).
+    about 22 GB/s with 512 B rows and 53 GB/s with 4 KiB rows, ``gnn_outofcore_*_h200_s9``).
     """
     from carina.memory.mapped import mapped_view
 

@@ -213,7 +213,9 @@ def predict(
     """Predict one configuration (cache sizes in rows, read-gap policy, host path) on ``machine``.
 
     ``host_gather``: ``cpu`` or ``device`` (module docstring); ``auto`` is ``device`` where the
-    machine has a measured device-gather rate (a CUDA calibration), as the store's ``auto`` is on CUDA.
+    machine has a device-gather rate (``uva_gbps``). A calibration on the CPU sets that rate too (the
+    host gather's), where the store's ``auto`` takes ``cpu``: to price a run, pass the store's
+    resolved :attr:`~carina.gnn.store.OutOfCoreFeatures.host_path`.
 
     Raises:
         CapacityError: Rows miss the caches and the machine has no SSD.

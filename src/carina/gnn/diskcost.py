@@ -16,35 +16,60 @@ not read, and a read policy that reads through holes of up to ``g`` pages merges
   behind transfers (an optimistic bound).
 
 Both forms give one page's read ``1 / IOPS`` and a long sequential read ``bytes / B``: they
-agree at the two rates the calibration measures and differ in between (by up to 2x at reads of
-``B / (IOPS 4 KiB)`` pages).
+agree at the two rates the calibration measures and differ in between, most at reads of
+``g = B / (IOPS 4 KiB)`` pages (additive over overlapped ``2 - 1 / g``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
-__all__ = ["DISK_COSTS", "PAGE", "best_gap_pages", "disk_requests", "disk_seconds"]
+if TYPE_CHECKING:
+    from carina.gnn.costmodel import MachineSpec
+
+__all__ = ["DISK_COSTS", "PAGE", "best_gap_pages", "disk_requests", "disk_seconds", "form_seconds"]
 
 PAGE = 4096
 DISK_COSTS = ("additive", "overlapped")
 
 
-def disk_seconds(machine: Any, ios: float, pages: float) -> float:
+def disk_seconds(machine: MachineSpec, ios: float, pages: float) -> float:
     """Time for ``ios`` requests reading ``pages`` 4 KiB pages in all, striped over the SSDs.
 
-    ``machine`` is a :class:`carina.gnn.costmodel.MachineSpec`; its ``disk_cost`` picks the form
-    (module docstring), with ``B = min(k B_ssd, B_bus)`` for ``k`` SSDs.
+    ``machine.disk_cost`` picks the form (module docstring): :func:`form_seconds` at ``k`` SSDs'
+    IOPS and bandwidth, the transfer capped at ``B_bus``.
     """
     k = machine.ssd_count
     if k == 0 or pages <= 0:
         return 0.0
-    page_s = PAGE / (machine.ssd_read_gbps * 1e9)  # one page at one SSD's bandwidth
-    transfer = pages * PAGE / (min(k * machine.ssd_read_gbps, machine.bus_limit_gbps) * 1e9)
-    if machine.disk_cost == "additive":
-        return ios / k * max(0.0, 1.0 / machine.ssd_iops - page_s) + transfer
-    return max(ios / (k * machine.ssd_iops), transfer)
+    return form_seconds(
+        machine.disk_cost,
+        ios,
+        pages,
+        iops=k * machine.ssd_iops,
+        ssd_bps=k * machine.ssd_read_gbps * 1e9,
+        bus_bps=machine.bus_limit_gbps * 1e9,
+    )
+
+
+def form_seconds(
+    form: str, ios: float, pages: float, *, iops: float, ssd_bps: float, bus_bps: float = math.inf
+) -> float:
+    """Seconds for ``ios`` requests reading ``pages`` pages in all, in disk cost ``form``.
+
+    Args:
+        form: ``"additive"`` or ``"overlapped"`` (module docstring).
+        ios: Requests.
+        pages: 4 KiB pages the requests read, in all.
+        iops: The disks' 4 KiB reads per second (all of them together).
+        ssd_bps: The disks' bytes per second (all of them together).
+        bus_bps: Bytes per second the host takes from them (caps the transfer, not a request's own cost).
+    """
+    transfer = pages * PAGE / min(ssd_bps, bus_bps)
+    if form == "additive":
+        return ios * max(0.0, 1.0 / iops - PAGE / ssd_bps) + transfer
+    return max(ios / iops, transfer)
 
 
 def disk_requests(misses: float, *, num_nodes: int, row_stride: int, gap_pages: int = 0) -> tuple[float, float]:
@@ -67,7 +92,7 @@ def disk_requests(misses: float, *, num_nodes: int, row_stride: int, gap_pages: 
     return touched * (1.0 + holes), ios
 
 
-def best_gap_pages(machine: Any, *, limit: int = 255) -> int:
+def best_gap_pages(machine: MachineSpec, *, limit: int = 255) -> int:
     """Largest hole worth reading through: an IO of ``g + 1`` pages costs no more than two IOs.
 
     Reading through a hole of ``g`` pages costs ``g`` pages of transfer and saves one request.

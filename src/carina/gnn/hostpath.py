@@ -20,9 +20,9 @@ Why both, from the H200 records of lane_h200_s9 (``gnn_outofcore_*_h200_s9``, at
 at 100% cache on the IGB-like graph (4 KiB rows) the IO thread's CPU gather of the host hits
 took 56.9 ms of a 61.2 ms batch (110k rows, 451 MB, 7.9 GB/s) and bounded the run at 0.56x
 in-memory, while the zero-copy peer's GPU gather from mapped pinned memory in the same run moved
-1.02 GB per batch in about 19 ms (52 GB/s, the bus's rate). On papers-like (512 B rows) the
+1.03 GB per batch in about 19 ms (53 GB/s, about the bus's rate). On papers-like (512 B rows) the
 same gather took 6.5 ms of a 16.4 ms batch and was not the bound, and the GPU reads small rows
-at under half the bus's rate (about 21 GB/s in the same record), so which path is faster there
+at under half the bus's rate (about 22 GB/s in the same record), so which path is faster there
 depends on the rates: the cost model prices both (``predict(host_gather=...)``).
 """
 
@@ -42,12 +42,12 @@ class HostGather(enum.Enum):
     DEVICE = "device"
 
 
-def resolve(mode: HostGather, host: Any, device: Any) -> tuple[HostGather, Any | None]:
-    """The path to use for a host slice ``host`` and batches on ``device``, and the slice as the device reads it.
+def resolve(mode: HostGather, host: Any, device: Any) -> Any | None:
+    """The host slice ``host`` as the compute ``device`` reads it in place, where that is the path to use.
 
     Returns:
-        ``(HostGather.CPU, None)`` or ``(HostGather.DEVICE, view)``; ``auto`` falls back to ``cpu``
-        where the slice cannot be read in place.
+        The slice as ``device`` reads it (the ``device`` path), or ``None`` (the ``cpu`` path);
+        ``auto`` falls back to ``cpu`` where the slice cannot be read in place.
 
     Raises:
         BackendUnavailable: ``device`` was asked for but the slice cannot be read in place
@@ -59,12 +59,10 @@ def resolve(mode: HostGather, host: Any, device: Any) -> tuple[HostGather, Any |
     from carina.memory.mapped import device_view
 
     if mode is HostGather.CPU or host is None or host.numel() == 0:
-        return HostGather.CPU, None
+        return None
     if mode is HostGather.AUTO and torch.device(device).type != "cuda":
-        return HostGather.CPU, None
+        return None
     view = device_view(host, device)
-    if view is not None:
-        return HostGather.DEVICE, view
-    if mode is HostGather.DEVICE:
+    if view is None and mode is HostGather.DEVICE:
         raise BackendUnavailable(f"the host slice cannot be read in place from {device} (pinned CUDA memory needed)")
-    return HostGather.CPU, None
+    return view

@@ -59,15 +59,13 @@ class StageTimes:
     read: float = 0.0
     assemble: float = 0.0
     batches: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
     calls: dict[str, list[float]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` to stage ``name`` (one more call of it in :attr:`counts` and :attr:`calls`)."""
+        """Add ``seconds`` to stage ``name`` (one more call of it in :attr:`calls`)."""
         with self._lock:
             setattr(self, name, getattr(self, name) + seconds)
-            self.counts[name] = self.counts.get(name, 0) + 1
             self.calls.setdefault(name, []).append(seconds)
 
     def as_dict(self) -> dict[str, float]:
@@ -77,7 +75,7 @@ class StageTimes:
     def as_counts(self) -> dict[str, int]:
         """How many times each stage ran (a read ahead that nobody trained on counts too)."""
         with self._lock:
-            return {k: self.counts.get(k, 0) for k in ("sample", "plan", "read", "assemble")}
+            return {k: len(self.calls.get(k, ())) for k in ("sample", "plan", "read", "assemble")}
 
     def as_calls(self) -> dict[str, list[float]]:
         """Each stage's calls, in the order they ran."""

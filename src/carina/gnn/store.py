@@ -176,7 +176,6 @@ class OutOfCoreFeatures:
         self.config = config or StoreConfig()
         self.handle = engine.open(str(dataset.features_path), "r")
         self.cache: StaticCache | None = None
-        self.host_path = HostGather.CPU
         self._host_view: torch.Tensor | None = None  # the host slice as the device reads it (device path)
         self.attach_cache(cache)
         self.stats = FetchStats()
@@ -195,7 +194,12 @@ class OutOfCoreFeatures:
         """
         self.cache = cache
         host = cache.host if cache is not None else None
-        self.host_path, self._host_view = resolve(self.config.host_gather, host, self.device)
+        self._host_view = resolve(self.config.host_gather, host, self.device)
+
+    @property
+    def host_path(self) -> HostGather:
+        """Who gathers the host-cache hits, as resolved for the attached cache: ``cpu`` or ``device``."""
+        return HostGather.CPU if self._host_view is None else HostGather.DEVICE
 
     def close(self) -> None:
         """Close the feature file (the engine stays open) and drop the spare page buffer."""
