@@ -170,10 +170,8 @@ class SpillPipeline(SlotMoves):
         if timer is not None:
             timer.add("optim_disk_s", read.seconds)
         shapes = self.spilled.pop(g.index)
-        views = self._views(shapes)
-        index = {id(mp): k for k, mp in enumerate(g.masters)}
-        for (mp, name, _, _), t in zip(shapes, views, strict=True):
-            self.store.drop(state_key(g.index, index[id(mp)], name))
+        for (mp, name, _, _), key, t in zip(shapes, self._keys(g.index, shapes), self._views(shapes), strict=True):
+            self.store.drop(key)
             self.inner.state[mp][name] = t
         with self._cv:
             self._slot.phase = "updating"
@@ -218,19 +216,16 @@ class SpillPipeline(SlotMoves):
         """Every spilled state tensor read into a fresh tensor, as ``(master, state name, tensor)``."""
         out = []
         for i, shapes in self.spilled.items():
-            index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
             fresh = [torch.empty(shape, dtype=dt) for _, _, shape, dt in shapes]
-            keys = [state_key(i, index[id(mp)], name) for mp, name, _, _ in shapes]
-            self.store.read_nvme(list(zip(keys, fresh, strict=True)))
+            self.store.read_nvme(list(zip(self._keys(i, shapes), fresh, strict=True)))
             out += [(mp, name, t) for (mp, name, _, _), t in zip(shapes, fresh, strict=True)]
         return out
 
     def forget(self) -> None:
         """Drop every spilled state tensor from NVMe (``load_state_dict`` replaces them)."""
         for i, shapes in self.spilled.items():
-            index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
-            for mp, name, _, _ in shapes:
-                self.store.drop(state_key(i, index[id(mp)], name))
+            for key in self._keys(i, shapes):
+                self.store.drop(key)
         self.spilled.clear()
 
     # -- steps, waits and resets -----------------------------------------------------------------------

@@ -111,14 +111,12 @@ class SlotMoves:
         """Charge and start reading ``i``'s state into the slot (outside the lock)."""
         shapes = self.spilled[i]
         views = self._views(shapes)
-        index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
         nbytes = sum(t.numel() * t.element_size() for t in views)
         read, error = None, None
         try:
             self.store.charge(Tier.HOST, nbytes, f"{self.groups[i].name} optimizer state (from NVMe)")
             try:
-                keys = [state_key(i, index[id(mp)], name) for mp, name, _, _ in shapes]
-                read = self.store.start_read_nvme(list(zip(keys, views, strict=True)))
+                read = self.store.start_read_nvme(list(zip(self._keys(i, shapes), views, strict=True)))
             except BaseException:
                 self.store.uncharge(Tier.HOST, nbytes)
                 raise
@@ -191,6 +189,11 @@ class SlotMoves:
                 self.store.uncharge(Tier.HOST, nbytes)
             self.inner.state[mp][name] = torch.empty(0, dtype=dt)
         self.spilled[i] = shapes
+
+    def _keys(self, i: int, shapes: list[StateShape]) -> list[str]:
+        """The store's keys of block ``i``'s state tensors ``shapes``, in their order."""
+        index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
+        return [state_key(i, index[id(mp)], name) for mp, name, _, _ in shapes]
 
     def _views(self, shapes: list[StateShape]) -> list[torch.Tensor]:
         """Tensors for one block's state, carved 4 KiB-aligned from the slot (grown to the largest block)."""
