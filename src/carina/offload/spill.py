@@ -179,16 +179,17 @@ class SpillPipeline(SlotMoves):
     def _write_tensor(self, g: ParamGroup, k: int) -> None:
         """Start writing master ``k``'s updated state (a failure to start is kept for the release)."""
         s, mp = self._slot, g.masters[k]
-        items = [(state_key(g.index, k, name), t) for name, t in state_of(self.inner, mp)]
-        if not items or s.error is not None:
+        state = state_of(self.inner, mp)
+        if not state or s.error is not None:
             return
         self._note("write", g.index, k)
+        items = [(state_key(g.index, k, name), t) for name, t in state]
         try:
             s.writes.append((self.store.start_put_nvme(items), [key for key, _ in items]))
         except BaseException as exc:  # noqa: BLE001 - raised once the block is updated, see _release
             s.error = exc
             return
-        s.written += [(mp, key.rsplit("/", 1)[1], tuple(t.shape), t.dtype) for key, t in items]
+        s.written += [(mp, name, tuple(t.shape), t.dtype) for name, t in state]
 
     def _release(self, g: ParamGroup, failed: BaseException | None = None) -> None:
         """Hand the updated state to the pipeline's thread, which waits for its writes."""
