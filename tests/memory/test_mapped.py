@@ -49,3 +49,12 @@ def test_mapped_view_aliases_pinned_rows():
     host[17] = 3.0  # the view aliases host memory: a write on the host is what the GPU reads next
     torch.cuda.synchronize()
     assert torch.equal(view[17].cpu(), host[17])
+
+
+@pytest.mark.gpu
+def test_rows_of_nan_are_mapped_too():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    host = torch.full((4, 8), float("nan")).pin_memory()  # NaN != NaN: the mapping check compares bytes
+    view = mapped_view(host, torch.device("cuda"))
+    assert view.data_ptr() == host.data_ptr() and bool(view.isnan().all())
