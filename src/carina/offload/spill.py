@@ -75,7 +75,7 @@ class SpillPipeline(SlotMoves):
         self.log: list[tuple[str, int, int]] | None = None  # (event, block, detail) when a test asks
         self._cv = threading.Condition()
         self._slot = Slot()
-        self._error: CarinaError | None = None  # a failed write: no spilled update runs until reset()
+        self._error: CarinaError | None = None  # a failed write: no spilled update runs until settle(discard=True)
         self._thread: threading.Thread | None = None
         self._taken: set[int] = set()  # blocks whose update began this step
         self._wanted: int | None = None  # the block an update is waiting to read
