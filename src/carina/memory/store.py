@@ -180,7 +180,7 @@ class TensorStore(NvmeBatches):
 
     def put(self, key: str, tensor: torch.Tensor, tier: Tier = Tier.HOST) -> None:
         """Store a copy of ``tensor`` under ``key`` in ``tier`` (charged; waits for NVMe writes)."""
-        if key in self._entries:
+        if key in self._entries or key in self._reserved:  # (reserved: an NVMe batch in flight writes it)
             raise ConfigError(f"key {key!r} already stored", key=key)
         if tier is Tier.NVME:
             self.put_nvme([(key, tensor)])
