@@ -9,7 +9,7 @@ update, reads ahead in the one slot). The plan's decisions are the record's (``m
 every block's weights resident, the last block's activations kept and the others recomputed, the last 29
 blocks' state on NVMe, every block cast on the device), the rates the record's run probed
 (``metrics.carina.hardware``), the profile the shape estimate of ``carina offload plan`` (``--tflops``
-for its compute; the step is the disk's). Two disk rates:
+for its compute; the step is the disk's). Three disk rates:
 
 * the record's plan's: the probe's read rate for both directions (what the planner priced; its
   prediction in the record was 56.64 s against 51.96 s measured);

@@ -13,10 +13,7 @@ def test_cpu_reads_host_memory_in_place():
 
 def test_no_view_without_a_mappable_device():
     host = torch.ones(3, 4)
-    if not torch.cuda.is_available():
-        assert device_view(host, "cuda") is None  # no CUDA: nothing to map into
-    else:
-        assert device_view(host, "cuda") is None  # pageable memory is not mapped
+    assert device_view(host, "cuda") is None  # no CUDA to map into, and pageable memory is not mapped
     with pytest.raises(ValueError, match="pinned"):
         mapped_view(host, torch.device("cuda"))
 
@@ -49,3 +46,12 @@ def test_mapped_view_aliases_pinned_rows():
     host[17] = 3.0  # the view aliases host memory: a write on the host is what the GPU reads next
     torch.cuda.synchronize()
     assert torch.equal(view[17].cpu(), host[17])
+
+
+@pytest.mark.gpu
+def test_rows_of_nan_are_mapped_too():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    host = torch.full((4, 8), float("nan")).pin_memory()  # NaN != NaN: the mapping check compares bytes
+    view = mapped_view(host, torch.device("cuda"))
+    assert view.data_ptr() == host.data_ptr() and bool(view.isnan().all())

@@ -161,8 +161,10 @@ def test_a_started_batch_returns_at_once_and_its_entries_appear_when_it_is_waite
     batch = store.start_put_nvme(values)  # nothing has been written yet: the backend holds every request
     assert not batch.done() and store.keys() == []
     assert store.used(Tier.NVME) == sum(v.numel() * 4 for _, v in values)  # charged before bytes move
-    with pytest.raises(ConfigError):  # its keys are taken while it runs
+    with pytest.raises(ConfigError):  # its keys are taken while it runs, in every tier
         store.start_put_nvme([("s1", torch.zeros(4))])
+    with pytest.raises(ConfigError):
+        store.put("s2", torch.zeros(4))
     backend.release()
     batch.wait()
     batch.wait()  # finished once, waited for any number of times

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from carina.memory.nvme import Extent, NvmeTier
 
-__all__ = ["NvmeBatch", "NvmeBatches", "settle"]
+__all__ = ["NvmeBatch", "NvmeBatches", "settle", "wait_all"]
 
 
 class NvmeBatch:
@@ -89,6 +89,13 @@ def settle(future: Any) -> BaseException | None:
     except BaseException as exc:  # noqa: BLE001 - collected, then raised by the caller
         return exc
     return None
+
+
+def wait_all(futures: list[Any]) -> None:
+    """Wait for every future, then raise the first one's error (none is left running)."""
+    errors = [e for e in (settle(f) for f in futures) if e is not None]
+    if errors:
+        raise errors[0]
 
 
 class NvmeBatches:

@@ -52,10 +52,11 @@ def mapped_view(host: Any, device: Any) -> Any:
 
     if host.dim() != 2 or not host.is_contiguous() or not host.is_pinned():
         raise ValueError("mapped_view needs a contiguous, pinned 2-D tensor")
-    view = torch.as_tensor(_Mapped(host), device=device).view(host.dtype).view(host.shape)
-    if view.data_ptr() != host.data_ptr() or not torch.equal(view[[0, -1]].cpu(), host[[0, -1]]):
+    raw = torch.as_tensor(_Mapped(host), device=device)  # rows of bytes
+    ends = [0, -1]  # compared as bytes: a row holding a NaN equals itself
+    if raw.data_ptr() != host.data_ptr() or not torch.equal(raw[ends].cpu(), host.view(torch.uint8)[ends]):
         raise RuntimeError("the pinned host memory is not mapped at its host address on this device")
-    return view
+    return raw.view(host.dtype).view(host.shape)
 
 
 def device_view(host: Any, device: Any) -> Any | None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from carina.core.config import Config, require
 from carina.core.errors import CapacityError, ConfigError, IOEngineError
-from carina.memory.batch import NvmeBatches, settle
+from carina.memory.batch import NvmeBatches
 from carina.memory.tiers import Tier, TierEntry, format_bytes
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ class TensorStore(NvmeBatches):
 
     def put(self, key: str, tensor: torch.Tensor, tier: Tier = Tier.HOST) -> None:
         """Store a copy of ``tensor`` under ``key`` in ``tier`` (charged; waits for NVMe writes)."""
-        if key in self._entries:
+        if key in self._entries or key in self._reserved:  # (reserved: an NVMe batch in flight writes it)
             raise ConfigError(f"key {key!r} already stored", key=key)
         if tier is Tier.NVME:
             self.put_nvme([(key, tensor)])
@@ -299,10 +299,3 @@ def _nbytes(shape: tuple[int, ...], dtype: Any) -> int:
     import torch
 
     return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-
-
-def _wait_all(futures: list[Any]) -> None:
-    """Wait for every future, then raise the first one's error (none is left running)."""
-    errors = [e for e in (settle(f) for f in futures) if e is not None]
-    if errors:
-        raise errors[0]

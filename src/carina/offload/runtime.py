@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from carina.memory.batch import wait_all
 from carina.memory.store import TensorStore
 from carina.memory.tiers import Tier
 from carina.offload.activations import ActivationManager
@@ -41,7 +42,7 @@ from carina.offload.config import ConvertOn, OffloadConfig
 from carina.offload.gradients import GradientPath
 from carina.offload.simulator import Action
 from carina.offload.timing import StepTimer
-from carina.offload.worker import optimizer_threads, optimizer_worker, wait_all
+from carina.offload.worker import optimizer_threads, optimizer_worker
 from carina.offload.workspace import HeadWorkspace
 
 __all__ = ["OffloadRuntime", "cast_buffer_elements"]

@@ -75,7 +75,7 @@ class SpillPipeline(SlotMoves):
         self.log: list[tuple[str, int, int]] | None = None  # (event, block, detail) when a test asks
         self._cv = threading.Condition()
         self._slot = Slot()
-        self._error: CarinaError | None = None  # a failed write: no spilled update runs until reset()
+        self._error: CarinaError | None = None  # a failed write: no spilled update runs until settle(discard=True)
         self._thread: threading.Thread | None = None
         self._taken: set[int] = set()  # blocks whose update began this step
         self._wanted: int | None = None  # the block an update is waiting to read
@@ -170,10 +170,8 @@ class SpillPipeline(SlotMoves):
         if timer is not None:
             timer.add("optim_disk_s", read.seconds)
         shapes = self.spilled.pop(g.index)
-        views = self._views(shapes)
-        index = {id(mp): k for k, mp in enumerate(g.masters)}
-        for (mp, name, _, _), t in zip(shapes, views, strict=True):
-            self.store.drop(state_key(g.index, index[id(mp)], name))
+        for (mp, name, _, _), key, t in zip(shapes, self._keys(g.index, shapes), self._views(shapes), strict=True):
+            self.store.drop(key)
             self.inner.state[mp][name] = t
         with self._cv:
             self._slot.phase = "updating"
@@ -181,16 +179,17 @@ class SpillPipeline(SlotMoves):
     def _write_tensor(self, g: ParamGroup, k: int) -> None:
         """Start writing master ``k``'s updated state (a failure to start is kept for the release)."""
         s, mp = self._slot, g.masters[k]
-        items = [(state_key(g.index, k, name), t) for name, t in state_of(self.inner, mp)]
-        if not items or s.error is not None:
+        state = state_of(self.inner, mp)
+        if not state or s.error is not None:
             return
         self._note("write", g.index, k)
+        items = [(state_key(g.index, k, name), t) for name, t in state]
         try:
             s.writes.append((self.store.start_put_nvme(items), [key for key, _ in items]))
         except BaseException as exc:  # noqa: BLE001 - raised once the block is updated, see _release
             s.error = exc
             return
-        s.written += [(mp, key.rsplit("/", 1)[1], tuple(t.shape), t.dtype) for key, t in items]
+        s.written += [(mp, name, tuple(t.shape), t.dtype) for name, t in state]
 
     def _release(self, g: ParamGroup, failed: BaseException | None = None) -> None:
         """Hand the updated state to the pipeline's thread, which waits for its writes."""
@@ -218,19 +217,16 @@ class SpillPipeline(SlotMoves):
         """Every spilled state tensor read into a fresh tensor, as ``(master, state name, tensor)``."""
         out = []
         for i, shapes in self.spilled.items():
-            index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
             fresh = [torch.empty(shape, dtype=dt) for _, _, shape, dt in shapes]
-            keys = [state_key(i, index[id(mp)], name) for mp, name, _, _ in shapes]
-            self.store.read_nvme(list(zip(keys, fresh, strict=True)))
+            self.store.read_nvme(list(zip(self._keys(i, shapes), fresh, strict=True)))
             out += [(mp, name, t) for (mp, name, _, _), t in zip(shapes, fresh, strict=True)]
         return out
 
     def forget(self) -> None:
         """Drop every spilled state tensor from NVMe (``load_state_dict`` replaces them)."""
         for i, shapes in self.spilled.items():
-            index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
-            for mp, name, _, _ in shapes:
-                self.store.drop(state_key(i, index[id(mp)], name))
+            for key in self._keys(i, shapes):
+                self.store.drop(key)
         self.spilled.clear()
 
     # -- steps, waits and resets -----------------------------------------------------------------------

@@ -111,14 +111,12 @@ class SlotMoves:
         """Charge and start reading ``i``'s state into the slot (outside the lock)."""
         shapes = self.spilled[i]
         views = self._views(shapes)
-        index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
         nbytes = sum(t.numel() * t.element_size() for t in views)
         read, error = None, None
         try:
             self.store.charge(Tier.HOST, nbytes, f"{self.groups[i].name} optimizer state (from NVMe)")
             try:
-                keys = [state_key(i, index[id(mp)], name) for mp, name, _, _ in shapes]
-                read = self.store.start_read_nvme(list(zip(keys, views, strict=True)))
+                read = self.store.start_read_nvme(list(zip(self._keys(i, shapes), views, strict=True)))
             except BaseException:
                 self.store.uncharge(Tier.HOST, nbytes)
                 raise
@@ -185,22 +183,27 @@ class SlotMoves:
     def _spilled_now(self, i: int, shapes: list[StateShape], uncharge: bool) -> None:
         """``i``'s state is on NVMe: placeholders in ``inner.state``, the bytes given back."""
         for mp, name, shape, dt in shapes:
-            nbytes = math.prod(shape) * _itemsize(dt)
+            nbytes = math.prod(shape) * dt.itemsize
             self.store.note_move(Tier.HOST, Tier.NVME, nbytes)
             if uncharge:
                 self.store.uncharge(Tier.HOST, nbytes)
             self.inner.state[mp][name] = torch.empty(0, dtype=dt)
         self.spilled[i] = shapes
 
+    def _keys(self, i: int, shapes: list[StateShape]) -> list[str]:
+        """The store's keys of block ``i``'s state tensors ``shapes``, in their order."""
+        index = {id(mp): k for k, mp in enumerate(self.groups[i].masters)}
+        return [state_key(i, index[id(mp)], name) for mp, name, _, _ in shapes]
+
     def _views(self, shapes: list[StateShape]) -> list[torch.Tensor]:
         """Tensors for one block's state, carved 4 KiB-aligned from the slot (grown to the largest block)."""
-        sizes = [-(-math.prod(shape) * _itemsize(dt) // _ALIGN) * _ALIGN for _, _, shape, dt in shapes]
+        sizes = [-(-math.prod(shape) * dt.itemsize // _ALIGN) * _ALIGN for _, _, shape, dt in shapes]
         if self.buffer is None or self.buffer.numel() < sum(sizes) + _ALIGN:
             self.buffer = torch.empty(sum(sizes) + _ALIGN, dtype=torch.uint8)
         off = -self.buffer.data_ptr() % _ALIGN
         views = []
         for (_, _, shape, dt), size in zip(shapes, sizes, strict=True):
-            nbytes = math.prod(shape) * _itemsize(dt)
+            nbytes = math.prod(shape) * dt.itemsize
             views.append(self.buffer[off : off + nbytes].view(dt).view(shape))
             off += size
         return views
@@ -225,7 +228,3 @@ def per_element(inner: torch.optim.Optimizer, g: ParamGroup) -> list[torch.Tenso
 def state_key(block: int, k: int, name: str) -> str:
     """The store's key of master ``k`` of ``block``'s state tensor ``name``."""
     return f"state/{block}/{k}/{name}"
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()

@@ -32,7 +32,7 @@ import torch
 
 from carina.offload.config import OffloadConfig
 
-__all__ = ["PriorityWorker", "optimizer_threads", "optimizer_worker", "wait_all"]
+__all__ = ["PriorityWorker", "optimizer_threads", "optimizer_worker"]
 
 
 class PriorityWorker:
@@ -143,12 +143,3 @@ def _own_team(threads: int) -> int:
     torch.get_num_threads()  # this thread adopts the process default now, not later
     torch.set_num_threads(threads)
     return torch.get_num_threads()
-
-
-def wait_all(futures: list[cf.Future[Any]]) -> None:
-    """Wait for every future, then raise the first one's error (none is left running)."""
-    cf.wait(futures)
-    for fut in futures:
-        exc = fut.exception()
-        if exc is not None:
-            raise exc
