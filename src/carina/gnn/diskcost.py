@@ -23,10 +23,17 @@ agree at the two rates the calibration measures and differ in between, most at r
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from carina.gnn.costmodel import MachineSpec
+
+class DiskSpec(Protocol):
+    """The disk fields of :class:`carina.gnn.costmodel.MachineSpec` this module prices with."""
+
+    ssd_count: int
+    ssd_iops: float
+    ssd_read_gbps: float
+    bus_limit_gbps: float
+    disk_cost: str
 
 __all__ = ["DISK_COSTS", "PAGE", "best_gap_pages", "disk_requests", "disk_seconds", "form_seconds"]
 
@@ -34,7 +41,7 @@ PAGE = 4096
 DISK_COSTS = ("additive", "overlapped")
 
 
-def disk_seconds(machine: MachineSpec, ios: float, pages: float) -> float:
+def disk_seconds(machine: DiskSpec, ios: float, pages: float) -> float:
     """Time for ``ios`` requests reading ``pages`` 4 KiB pages in all, striped over the SSDs.
 
     ``machine.disk_cost`` picks the form (module docstring): :func:`form_seconds` at ``k`` SSDs'
@@ -92,7 +99,7 @@ def disk_requests(misses: float, *, num_nodes: int, row_stride: int, gap_pages: 
     return touched * (1.0 + holes), ios
 
 
-def best_gap_pages(machine: MachineSpec, *, limit: int = 255) -> int:
+def best_gap_pages(machine: DiskSpec, *, limit: int = 255) -> int:
     """Largest hole worth reading through: an IO of ``g + 1`` pages costs no more than two IOs.
 
     Reading through a hole of ``g`` pages costs ``g`` pages of transfer and saves one request.
