@@ -35,6 +35,7 @@ class DiskSpec(Protocol):
     bus_limit_gbps: float
     disk_cost: str
 
+
 __all__ = ["DISK_COSTS", "PAGE", "best_gap_pages", "disk_requests", "disk_seconds", "form_seconds"]
 
 PAGE = 4096
