@@ -44,26 +44,28 @@ def mapped_view(host: Any, device: Any) -> Any:
     """A CUDA tensor aliasing the pinned, contiguous 2-D ``host`` (no copy).
 
     Raises:
-        ValueError: ``host`` is not contiguous, not 2-D or not pinned.
-        RuntimeError: The device does not see the memory at its host address (checked on the
+        ConfigError: ``host`` is not contiguous, not 2-D or not pinned.
+        BackendUnavailable: The device does not see the memory at its host address (checked on the
             first and last rows).
     """
     import torch
 
+    from carina.core.errors import BackendUnavailable, ConfigError
+
     if host.dim() != 2 or not host.is_contiguous() or not host.is_pinned():
-        raise ValueError("mapped_view needs a contiguous, pinned 2-D tensor")
+        raise ConfigError("mapped_view needs a contiguous, pinned 2-D tensor", key="host")
     raw = torch.as_tensor(_Mapped(host), device=device)  # rows of bytes
     ends = [0, -1]  # compared as bytes: a row holding a NaN equals itself
     if raw.data_ptr() != host.data_ptr() or not torch.equal(raw[ends].cpu(), host.view(torch.uint8)[ends]):
-        raise RuntimeError("the pinned host memory is not mapped at its host address on this device")
+        raise BackendUnavailable(f"the pinned host memory is not mapped at its host address on {device}")
     return raw.view(host.dtype).view(host.shape)
 
 
 def device_view(host: Any, device: Any) -> Any | None:
     """How ``device`` reads ``host`` in place: itself on the CPU, a mapped view on CUDA, else ``None``.
 
-    ``None`` when CUDA is not available, or ``host`` is empty or not pinned (pageable memory
-    is not mapped into the device's address space).
+    ``None`` when CUDA is not available, ``host`` is empty or not pinned (pageable memory
+    is not mapped into the device's address space), or the device does not see it at its address.
     """
     import torch
 
@@ -72,4 +74,9 @@ def device_view(host: Any, device: Any) -> Any | None:
         return host
     if device.type != "cuda" or not torch.cuda.is_available() or host.numel() == 0 or not host.is_pinned():
         return None
-    return mapped_view(host, device)
+    from carina.core.errors import BackendUnavailable
+
+    try:
+        return mapped_view(host, device)
+    except BackendUnavailable:
+        return None
