@@ -214,12 +214,15 @@ def test_a_failed_read_ahead_raises_and_leaves_its_block_as_it_was(tmp_path, mon
     _loop(model, opt, 4)
     opt.synchronize()
     pipe, groups = opt.spill_pipe, co.handle_of(model).runtime.groups
-    first = max(opt.spill)  # backward updates it first: its state is read ahead at the step's first forward
     masters = {g.index: g.master.clone() for g in groups}
     state = [(id(mp), name, t) for mp, name, t in pipe.read_out()]
+    mark = len(pipe.log)
     fail.set()
     with pytest.raises(IOEngineError) as err:
         _loop(model, opt, 1, first=4)
+    # the read that failed: the read ahead of the last block, which backward updates first (were the
+    # pipeline's thread not to run before the worker took a block, the read that block's update asked for)
+    first = next(b for e, b, _ in pipe.log[mark:] if e == "read")
     name = groups[first].name
     assert err.value.context["block"] == name and "was not updated" in str(err.value)
     for g in groups:
@@ -233,6 +236,33 @@ def test_a_failed_read_ahead_raises_and_leaves_its_block_as_it_was(tmp_path, mon
     assert all(not torch.equal(again[(m, n)], t) for m, n, t in state if m not in mine)
     _loop(model, opt, 1, first=5)  # the disk works again: training goes on
     assert opt.state_dict()["state"]
+
+
+def test_the_worker_takes_the_block_read_ahead_first_and_no_read_is_thrown_away(tmp_path):
+    """Every spilled block's gradients wait on a busy worker: by index it would take the lowest, whose state
+    is not the one read ahead. It takes the block whose state is in the slot, then the rest by index."""
+    model, opt, _ = _wrapped(tmp_path)
+    _loop(model, opt, 4)
+    opt.synchronize()
+    pipe, worker = opt.spill_pipe, co.handle_of(model).runtime.worker
+    spilled = sorted(opt.spill)
+    mark = len(pipe.log)
+    hold = threading.Event()
+    worker.submit(hold.wait, priority=-10)  # the worker is busy until every block's gradients are queued
+    ids = token_batches(5)[4]
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    violations: list[str] = []
+    _wait_for(lambda: ("read", spilled[-1], 1) in pipe.log[mark:], violations, "read ahead")
+    hold.set()
+    opt.step()
+    opt.zero_grad()
+    opt.synchronize()
+    assert not violations
+    events = pipe.log[mark:]
+    assert [b for e, b, _ in events if e == "acquire"] == [spilled[-1], *spilled[:-1]]
+    assert not [e for e in events if e[0] == "discard"] and pipe.discarded_bytes == 0
+    assert sorted(b for e, b, _ in events if e == "read") == spilled  # each block's state read once
 
 
 def test_a_failed_write_keeps_the_state_and_training_resumes_bitwise(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,7 @@ class GradientPath:
         micro: int
         step_group: Any
         snapshot: Any
+        may_take: Any
         narrow_ok: Callable[[ParamGroup], bool]  # the optimizer's: can g's update read a compute-dtype gradient
 
         def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
@@ -151,10 +153,12 @@ class GradientPath:
             # hyperparameters as they are now: a block's update may still run after step() returned
             options = self.snapshot(g) if eager else None
             first = g.index if g.module is not None else -1  # the order the next forward needs them
+            ready = partial(self.mover.all_done, events)
+            if eager and self.may_take is not None:  # a spilled block waits while another's state is read ahead
+                ready = partial(_both, ready, partial(self.may_take, g.index))
             fut = self.worker.submit(
-                self._consume, g, events, how, eager, options,
-                priority=first if eager else -2, ready=partial(self.mover.all_done, events),
-            )  # fmt: skip
+                self._consume, g, events, how, eager, options, priority=first if eager else -2, ready=ready
+            )
             g.pending.append(fut)
             if eager:
                 g.updates.append(fut)
@@ -196,3 +200,8 @@ class GradientPath:
         """Forget gradients summed on the device (``zero_grad``)."""
         for g in self.blocks:
             g.acc_count = 0
+
+
+def _both(first: Callable[[], bool], second: Callable[[], bool]) -> bool:
+    """``first() and second()``, as one ``ready`` callable for the worker."""
+    return first() and second()

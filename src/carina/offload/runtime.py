@@ -112,6 +112,7 @@ class OffloadRuntime(GradientPath):
         self._fwd_wait = 0.0  # this forward's time making blocks' weights resident (not compute)
         self.step_group: Any = None  # set by the optimizer: fn(group, options) updating masters in place
         self.snapshot: Any = None  # set by the optimizer: fn(group) -> hyperparameters for a later update
+        self.may_take: Any = None  # set by the optimizer: fn(group index) -> whether its update may start now
         self.narrow_ok: Any = lambda g: False  # set by the optimizer: fn(group) -> its update reads bf16 gradients
         self.on_forward: Any = lambda micro: None  # set by the optimizer: a training forward starts (micro-batch)
         self.write_guards: list[Any] = []  # fn(tensors): called before masters/optimizer state change in place

@@ -92,6 +92,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         self.narrow_grads = self.cfg.narrow_grads  # one micro-batch, no clipping: flat updates read the narrow gradient
         runtime.step_group = self.step_group
         runtime.snapshot = self.snapshot
+        runtime.may_take = self.spill_pipe.may_take
         runtime.narrow_ok = self.narrow_ok
         runtime.on_forward = self._forward_starts
 
