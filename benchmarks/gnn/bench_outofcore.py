@@ -39,6 +39,7 @@ average degree (3.87e9 / 2.693e8 = 14.4) and 19 classes; the exponent 2.3 is our
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import gc
 import os
@@ -98,7 +99,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--classes", type=int, default=16)
     ap.add_argument("--machine", type=Path, default=None, help="MachineSpec JSON instead of calibrating here")
     ap.add_argument(
-        "--skip", default="", help="comma list of mmap, sync-reads, host-gather, zero-copy, ablations to leave out"
+        "--skip",
+        default="",
+        help="comma list of mmap, sync-reads, host-gather, zero-copy, ablations, one-stream to leave out",
     )
     ap.add_argument("--workload-out", type=Path, default=None, help="write the profiled workload JSON here")
     ap.add_argument("--features-from", choices=["file", "generator"], default="file")
@@ -195,12 +198,16 @@ class Bench:
         if not same:
             raise SystemExit("features.bin differs from the generator: --features-from generator is invalid here")
 
-    def in_memory(self, key: str = "in-memory") -> None:
+    def in_memory(self, key: str = "in-memory", *, sample_stream: bool = True) -> None:
+        """The in-memory baseline; ``sample_stream=False``: its sampler on the device's stream (as before s11)."""
         if not self.fits(key):
             return
         a = self.args
+        cfg = copy.deepcopy(self.cfg)
+        cfg.train.sample_stream = sample_stream
         table = generated_table(self.ds, a.device) if a.features_from == "generator" else self.ds.read_all_features()
-        self.results[key] = measure(self.ds, self.cfg, InMemoryFeatures(table, device=a.device), a.warmup)
+        self.results[key] = measure(self.ds, cfg, InMemoryFeatures(table, device=a.device), a.warmup)
+        self.results[key]["sample_stream"] = sample_stream
         del table
         _free()
         self.save()
@@ -284,6 +291,7 @@ class Bench:
             "cache_fill_s": t_fill,
             "gap_pages": store_cfg.gap_pages,
             "pipeline_depth": cfg.train.pipeline_depth,
+            "sample_stream": cfg.train.sample_stream,
             "predicted": {
                 "seeds_per_s": pred.seeds_per_s,
                 "bottleneck": pred.bottleneck,
@@ -386,6 +394,8 @@ def main() -> None:
         # priority order: a deadline cuts the tail, so the comparisons the issue asks for come first
         bench.feature_check(eng)
         bench.guard("in-memory", bench.in_memory)
+        if "one-stream" not in bench.skip and bench.args.device.startswith("cuda"):
+            bench.guard("in-memory one-stream", lambda: bench.in_memory("in-memory one-stream", sample_stream=False))
         pb = bench.peer_budget
         order = [pb, *(b for b in bench.budgets if b != pb)]
 

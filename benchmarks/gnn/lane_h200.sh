@@ -7,6 +7,9 @@
 #     the host-cache hits on the IO thread, or the GPU reads them in place from the mapped pinned slice):
 #     s9 ran carina@1 at 0.69-0.75x (papers-like) and 0.56-0.66x (IGB-like) in-memory, the IGB-like run
 #     bound by the IO thread's CPU gather (56.9 of 61.2 ms a batch);
+#   * the sampler on a CUDA stream of its own (TrainConfig.sample_stream, new in s11: every run's default)
+#     against the s9 way, in-memory with the sampler on the device's stream (`in-memory one-stream`, run
+#     right after in-memory): s9's pipelined in-memory batch was the sum of sampler and step, not their max;
 #   * the recommended configuration again on papers-like (0.86x the best in s9; IGB-like met it, 0.94x):
 #     at 50% the model's pick, gap 0 (the best measured in s9 on both datasets) and no pipelining, then
 #     the pick again (s9: the pick ran first and the disk read the same batches 14-23% faster in later
@@ -136,7 +139,7 @@ if [ -f "$IGB/manifest.json" ]; then
 fi
 rm -rf "$IGB"
 # the gpu-marked tests of the host paths (mapped pinned slice, bit-exact rows), with what is left
-GPU_TESTS="tests/gnn/test_store.py tests/memory/test_mapped.py tests/gnn/test_costmodel.py"
+GPU_TESTS="tests/gnn/test_store.py tests/memory/test_mapped.py tests/gnn/test_costmodel.py tests/gnn/test_train.py"
 if [ "$DEVICE" != cpu ] && [ "$(left)" -ge 30 ] && $PY -c "import pytest, hypothesis" 2>/dev/null; then
   step gpu-tests 25 $PY -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
 else

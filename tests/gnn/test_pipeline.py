@@ -7,6 +7,7 @@ import torch
 from carina.core.errors import ConfigError
 from carina.gnn.pipeline import FeaturePipeline
 from carina.gnn.sampler import SampledBatch
+from carina.testing.gnn import RecordingSideStream
 
 
 class CountingSource:
@@ -100,3 +101,56 @@ def test_past_the_deadline_no_read_ahead_starts():
     got = [b.index for b, _ in pipe]
     assert got == [0] and src.reads == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("gnn-")]
+
+
+class PlanningSource(CountingSource):
+    """Plans into a nested plan (as the store's ``FetchPlan``) and logs where each stage ran."""
+
+    def __init__(self, side):
+        super().__init__()
+        self.side = side
+
+    def plan(self, n_id):
+        assert self.side.inside(), "planned off the sampler's stream"
+        self.planned += 1
+        return {"ids": n_id, "parts": [n_id * 2, None]}
+
+    def read(self, plan):
+        return plan["ids"].to(torch.float32)
+
+    def assemble(self, plan, missing):
+        assert not self.side.inside()
+        self.side.events.append(("assemble", int(plan["ids"][0])))
+        return missing.unsqueeze(1)
+
+
+def test_the_sampler_runs_on_its_own_stream_and_each_batch_is_handed_over_before_it_is_assembled():
+    side = RecordingSideStream()
+    src = PlanningSource(side)
+    sampled_inside = []
+
+    def batches():
+        for b in _batches(6):
+            sampled_inside.append(side.inside())
+            yield b
+
+    kept = {}
+    pipe = FeaturePipeline(batches(), src, depth=3, side=side)
+    for batch, x in pipe:
+        kept[batch.index] = (batch, x)
+    assert sampled_inside == [True] * 6  # every batch sampled with the side stream current
+    marks = [e[1] for e in side.events if e[0] == "mark"]
+    assert marks == [1, 2, 3, 4, 5, 6]
+    order = [e for e in side.events if e[0] != "mark"]
+    assert [(e[0], e[1]) for e in order] == [x for i in range(6) for x in (("hand_over", i + 1), ("assemble", i))]
+    for i, (_, _, ids) in enumerate(e for e in order if e[0] == "hand_over"):
+        batch = kept[i][0]
+        # the batch's tensors and every tensor of its plan stay alive for the caller's stream
+        assert {id(batch.n_id), id(batch.edge_index)} <= ids and len(ids) == 3
+
+
+def test_a_serial_pipeline_takes_no_side_stream():
+    side = RecordingSideStream()
+    pipe = FeaturePipeline(_batches(3), CountingSource(), depth=1, side=side)
+    assert pipe.side is None
+    assert [b.index for b, _ in pipe] == [0, 1, 2] and side.events == []

@@ -118,3 +118,21 @@ def test_time_limit_stops_after_the_batch_that_crosses_it(small_dataset):
     assert boxed.stage_n["read"] == 1  # no read ahead past the time box (the first batch is always read)
     with pytest.raises(Exception, match="time_limit_s"):
         TrainConfig(time_limit_s=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("host_gather", ["cpu", "device"])
+def test_on_cuda_the_sampler_s_own_stream_changes_no_loss(small_dataset, host_gather):
+    """The sampler on a stream of its own (the default) and on the device's stream: the same losses, bit for bit,
+    out of core and in memory (deterministic kernels: PyG's aggregation uses atomics otherwise)."""
+    losses = {}
+    for own in (True, False):
+        cfg = _cfg(batches=8)
+        cfg.device = "cuda"
+        cfg.store.host_gather = HostGather(host_gather)
+        cfg.train.deterministic = True
+        cfg.train.sample_stream = own
+        report = run_training(small_dataset, cfg)
+        assert report.losses_equal is True
+        losses[own] = report.out_of_core["losses"]
+    assert losses[True] == losses[False] and len(losses[True]) == 8

@@ -87,6 +87,9 @@ def train(
     max_batches: Annotated[int, typer.Option(help="Stop after this many batches (0 = epoch).")] = 0,
     compare: Annotated[str, typer.Option(help="in-memory or none: baseline in the same run.")] = "in-memory",
     deterministic: Annotated[bool, typer.Option(help="Deterministic torch algorithms (bitwise on CUDA).")] = False,
+    sample_stream: Annotated[
+        bool, typer.Option(help="On CUDA, sample and plan on a stream of their own (not behind the step).")
+    ] = True,
     json_out: JsonOpt = False,
 ) -> None:
     """Train GraphSAGE/GCN with features on disk; compare with all features in memory."""
@@ -106,6 +109,7 @@ def train(
         pipeline_depth=depth,
         max_batches=max_batches,
         deterministic=deterministic,
+        sample_stream=sample_stream,
     )
     source, baseline = choice(HotnessSource, hotness, key="hotness"), choice(Compare, compare, key="compare")
     store = StoreConfig(host_gather=choice(HostGather, host_gather, key="host_gather"))

@@ -6,7 +6,9 @@ Three stages run at once on different batches: a sampler thread samples batch
 bounds the batches alive at any moment (sampled but not yet trained), so
 memory stays bounded however slow the consumer is; :attr:`max_in_flight`
 records the highest count seen, which tests hold to the bound. ``depth=1`` runs
-the stages one after another (the serial baseline) through the same code::
+the stages one after another (the serial baseline) through the same code. With
+``side`` (a :mod:`carina.gnn.sidestream`), the sampler thread issues its device
+work on a stream of its own and hands each batch over to the caller's stream::
 
     pipe = FeaturePipeline(sampler.batches(train_idx, 1024), store, depth=3)
     for batch, x in pipe:
@@ -15,6 +17,7 @@ the stages one after another (the serial baseline) through the same code::
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -26,6 +29,7 @@ import torch
 
 from carina.core.errors import ConfigError
 from carina.gnn.sampler import SampledBatch
+from carina.gnn.sidestream import SideStream, tensors_in
 
 __all__ = ["FeaturePipeline", "FeatureSource", "StageTimes"]
 
@@ -93,15 +97,24 @@ class FeaturePipeline:
         deadline: A ``time.perf_counter()`` instant (0: none) after which the IO thread starts
             no further read (the first batch is always read), so a time-boxed epoch does not
             wait for a read ahead it will not use.
+        side: The sampler thread's own stream (None: the sampler's work goes on the stream
+            current in its thread, the device's default one). Unused when ``depth`` is 1.
     """
 
     def __init__(
-        self, batches: Iterator[SampledBatch], source: FeatureSource, *, depth: int = 3, deadline: float = 0.0
+        self,
+        batches: Iterator[SampledBatch],
+        source: FeatureSource,
+        *,
+        depth: int = 3,
+        deadline: float = 0.0,
+        side: SideStream | None = None,
     ) -> None:
         if depth < 1:
             raise ConfigError("pipeline depth must be >= 1", key="depth")
         self.depth = depth
         self.deadline = deadline
+        self.side = side if depth > 1 else None
         self._reads = 0
         self.times = StageTimes()
         self.max_in_flight = 0
@@ -132,7 +145,9 @@ class FeaturePipeline:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                batch, plan, missing = item
+                batch, plan, missing, token = item
+                if self.side is not None:  # the caller's stream waits for the sampler's work on this batch
+                    self.side.hand_over(token, tensors_in((batch, plan)))
                 t0 = time.perf_counter()
                 x = self._source.assemble(plan, missing)
                 self.times.add("assemble", time.perf_counter() - t0)
@@ -190,17 +205,19 @@ class FeaturePipeline:
             self._ready.put(exc)
 
     def _sample_loop(self) -> None:
-        while not self._stop.is_set():
-            if not self._acquire_slot():
-                return
-            t0 = time.perf_counter()
-            batch = next(self._batches, None)
-            if batch is None:
-                self._planned.put(_STOP)
-                return
-            self.times.add("sample", time.perf_counter() - t0)
-            plan = self._timed("plan", self._source.plan, batch.n_id)
-            self._planned.put((batch, plan))
+        side = self.side
+        with side.context() if side is not None else contextlib.nullcontext():
+            while not self._stop.is_set():
+                if not self._acquire_slot():
+                    return
+                t0 = time.perf_counter()
+                batch = next(self._batches, None)
+                if batch is None:
+                    self._planned.put(_STOP)
+                    return
+                self.times.add("sample", time.perf_counter() - t0)
+                plan = self._timed("plan", self._source.plan, batch.n_id)
+                self._planned.put((batch, plan, side.mark() if side is not None else None))
 
     def _read_loop(self) -> None:
         while not self._stop.is_set():
@@ -214,7 +231,7 @@ class FeaturePipeline:
             if self.deadline and self._reads and time.perf_counter() > self.deadline:
                 self._ready.put(_STOP)  # past the time box: no read ahead that nobody will train on
                 return
-            batch, plan = item
+            batch, plan, token = item
             missing = self._timed("read", self._source.read, plan)
             self._reads += 1
-            self._ready.put((batch, plan, missing))
+            self._ready.put((batch, plan, missing, token))

@@ -25,6 +25,7 @@ import torch
 from carina.core.config import Config, require
 from carina.gnn.pipeline import FeaturePipeline, FeatureSource
 from carina.gnn.sampler import NeighborSampler, SampledBatch
+from carina.gnn.sidestream import side_stream
 
 __all__ = [
     "EpochResult",
@@ -64,6 +65,9 @@ class TrainConfig(Config):
             :func:`deterministic_algorithms`): on CUDA, PyG's scatter-add aggregation and the
             backward of ``index_select`` then run sort-based instead of with atomics, so two runs
             on the same batches give bit-identical losses; an op with no deterministic kernel raises.
+        sample_stream: On CUDA, the pipeline's sampler thread samples and plans on a stream of its
+            own (:mod:`carina.gnn.sidestream`) instead of queueing behind the step; no effect on
+            the CPU or with ``pipeline_depth`` 1.
     """
 
     model: ModelKind = ModelKind.SAGE
@@ -76,6 +80,7 @@ class TrainConfig(Config):
     seed: int = 0
     time_limit_s: float = 0.0
     deterministic: bool = False
+    sample_stream: bool = True
 
     def validate(self) -> None:
         """Check ranges."""
@@ -192,7 +197,8 @@ def train_epoch(
     batches = _limited(sampler.batches(train_idx, cfg.batch_size), cfg.max_batches)
     t0 = time.perf_counter()
     deadline = t0 + cfg.time_limit_s if cfg.time_limit_s else 0.0
-    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth, deadline=deadline)
+    side = side_stream(device, cfg.sample_stream) if cfg.pipeline_depth > 1 else None
+    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth, deadline=deadline, side=side)
     losses: list[float] = []
     seeds = edges = 0
     train_calls: list[float] = []

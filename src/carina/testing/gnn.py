@@ -5,6 +5,9 @@
 * :class:`FeatureStoreTests` is the conformance suite. A backend's test module
   subclasses it and implements :meth:`FeatureStoreTests.make_store`, returning a
   store that serves ``expected`` (a ``[n, d]`` tensor) under ``attr_name="x"``.
+* :class:`RecordingSideStream` stands in for the sampler's CUDA stream
+  (:mod:`carina.gnn.sidestream`) on a machine without one: it records what the
+  pipeline does with the stream, so the hand-over order is tested on the CPU.
 * :func:`fake_topology` returns multi-GPU machines that cannot exist on a test
   host; every plan or figure computed on them is **simulated** and says so
   (``Topology.simulated`` is ``True``).
@@ -12,6 +15,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +27,7 @@ from torch_geometric.data import FeatureStore, TensorAttr
 __all__ = [
     "FeatureStoreTests",
     "InMemoryFeatureStore",
+    "RecordingSideStream",
     "fake_topology",
     "gpu_machine",
     "placed_training_worker",
@@ -253,3 +260,45 @@ def fake_topology(name: str) -> Any:
     topo = builtin(name)
     topo.simulated = True
     return topo
+
+
+class RecordingSideStream:
+    """A stand-in for :class:`carina.gnn.sidestream.CudaSideStream` (no CUDA stream here): a log.
+
+    :attr:`events` holds ``("mark", token)`` and ``("hand_over", token, tensor ids)`` in order;
+    :meth:`inside` says whether the calling thread is inside :meth:`context` now.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._tokens = 0
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        self._local.inside = True
+        try:
+            yield
+        finally:
+            self._local.inside = False
+
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        """The stream is current in this thread for the body."""
+        return self._entered()
+
+    def inside(self) -> bool:
+        """Whether the calling thread is inside :meth:`context`."""
+        return bool(getattr(self._local, "inside", False))
+
+    def mark(self) -> int:
+        """A new token, logged."""
+        with self._lock:
+            self._tokens += 1
+            self.events.append(("mark", self._tokens))
+            return self._tokens
+
+    def hand_over(self, token: Any, tensors: Iterable[torch.Tensor]) -> None:
+        """Log the hand-over with the ids of the tensors kept alive."""
+        with self._lock:
+            self.events.append(("hand_over", token, frozenset(id(t) for t in tensors)))
