@@ -68,3 +68,24 @@ def test_importing_the_package_stays_light() -> None:
     code = "import sys, carina.infra.storage as s; s.TierConfig; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_process_loop_system_serves_with_one_worker_fewer_and_round_trips(tmp_path: Path) -> None:
+    """``process-loop`` is the process pool with ``workers - 1`` worker processes and the event loop."""
+    import hashlib
+
+    from carina.infra.storage.loadtest import _tree_pids, start_target
+
+    image = tmp_path / "src.raw"
+    image.write_bytes(b"".join(hashlib.sha256(b"%d" % i).digest() * 64 for i in range(4096)))  # 8 MiB
+    cfg = BenchConfig(image_bytes=16 << 20, codec=CodecName.ZLIB, workers=3, systems=["process", "process-loop"])
+    trees = {}
+    for system in cfg.systems:
+        with start_target(system, tmp_path, cfg, 64 << 10) as target:
+            trees[system] = len(_tree_pids(target.proc.pid))
+            subprocess.run(["nbdcopy", str(image), target.url], check=True)
+            back = tmp_path / f"{system}.raw"
+            subprocess.run(["nbdcopy", target.url, str(back)], check=True)
+            got, n = back.read_bytes(), image.stat().st_size
+            assert got[:n] == image.read_bytes() and got[n:] == bytes(len(got) - n)
+    assert trees["process-loop"] == trees["process"] - 1

@@ -17,6 +17,7 @@ _PEERS = {
     "process": "carina-process (worker processes)",
     "thread": "carina-thread (codec threads)",
     "thread-loop": "carina-thread-loop (codec threads + the event loop)",
+    "process-loop": "carina-process-loop (worker processes + the event loop)",
 }
 
 
@@ -110,6 +111,7 @@ def write_bench_record(
         "Systems: process = "
         "carina tier with the worker-pool engine ({w} workers); thread = the same with {w} codec threads; "
         "thread-loop = {w1} codec threads and the event loop running what no idle thread takes; "
+        "process-loop = {w1} worker processes and the event loop running what no idle worker takes; "
         "inline = same tier, header and payload in one "
         "process; forward = carina tier with codec raw; nbdkit-file = plain uncompressed NBD server. Data set: ext4 "
         "image with Python sources and shared libraries; fio writes carry 50%-compressible buffers. "

@@ -9,7 +9,8 @@ source text and binaries, the rest free space) and the same client load:
 
 Systems: ``process`` (the tier with its worker-pool engine), ``thread`` (the
 tier with codec threads), ``thread-loop`` (``workers - 1`` codec threads and the
-event loop running what no idle thread takes: ``Overflow.LOOP``), ``inline`` (the
+event loop running what no idle thread takes: ``Overflow.LOOP``), ``process-loop``
+(the same with ``workers - 1`` worker processes), ``inline`` (the
 same tier with header and payload in one process), ``forward`` (the tier with
 codec ``raw``: no compression) and ``nbdkit`` (nbdkit's plain file plugin, an
 uncompressed NBD server). A tier system named with ``-fe<N>`` (``inline-fe2``,
@@ -43,7 +44,7 @@ from carina.infra.storage.config import CodecName
 
 __all__ = ["SYSTEMS", "BenchConfig", "codec_throughput", "make_dataset", "run_bench"]
 
-SYSTEMS = ("process", "thread", "thread-loop", "inline", "forward", "nbdkit")
+SYSTEMS = ("process", "process-loop", "thread", "thread-loop", "inline", "forward", "nbdkit")
 
 
 @dataclass(kw_only=True)
@@ -213,8 +214,8 @@ def start_target(system: str, work: Path, cfg: BenchConfig, block: int) -> Itera
         base, frontends = split_system(system)
         engine, codec = ("inline", "raw") if base == "forward" else (base, cfg.codec.value)
         workers, extra = cfg.workers, ["--frontends", str(frontends)] if frontends > 1 else []
-        if base == "thread-loop":  # as many threads as ``thread`` has, the loop being one of them
-            engine, workers, extra = "thread", max(cfg.workers - 1, 1), [*extra, "--overflow", "loop"]
+        if base in ("thread-loop", "process-loop"):  # as many codec runners as the pool has, the loop being one
+            engine, workers, extra = base[:-5], max(cfg.workers - 1, 1), [*extra, "--overflow", "loop"]
         cmd = [sys.executable, "-m", "carina", "storage", "serve", "--json", "--port", "0", "--store", str(store),
                "--size", size, "--block-size", str(block), "--engine", engine, "--codec", codec,
                "--workers", str(workers), "--slots", "64", "--stats-interval", "3600", *extra]  # fmt: skip
