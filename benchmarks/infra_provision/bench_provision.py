@@ -154,6 +154,8 @@ def setup(cfg: BenchConfig, tmp: Path) -> tuple[Provisioner, str, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="64 MiB image, 1 rep (smoke test; no record)")
+    ap.add_argument("--name", default="infra_provision_ready", help="the record's name")
+    ap.add_argument("--notes", default="", help="added to the record's notes (e.g. how loaded the machine was)")
     args = ap.parse_args()
     cfg = BenchConfig(image_mib=128, fill_mib=32, reps=1) if args.quick else BenchConfig()
     load_before = os.getloadavg()
@@ -189,7 +191,7 @@ def main() -> None:
     if args.quick:
         print(results)
         return
-    write_record(record(cfg, results, allocated, [load_before, os.getloadavg()]))
+    write_record(record(cfg, results, allocated, [load_before, os.getloadavg()], name=args.name, notes=args.notes))
 
 
 def environment() -> dict[str, object]:
@@ -210,7 +212,13 @@ def environment() -> dict[str, object]:
 
 
 def record(
-    cfg: BenchConfig, results: dict[str, dict[str, list[float]]], allocated: int, load: list[tuple[float, ...]]
+    cfg: BenchConfig,
+    results: dict[str, dict[str, list[float]]],
+    allocated: int,
+    load: list[tuple[float, ...]],
+    *,
+    name: str = "infra_provision_ready",
+    notes: str = "",
 ) -> dict[str, object]:
     med = statistics.median
     figures = [
@@ -248,7 +256,7 @@ def record(
         )
     )
     return make_record(
-        name="infra_provision_ready",
+        name=name,
         environment=environment(),
         figures=figures,
         config=cfg,
@@ -261,6 +269,7 @@ def record(
         notes=(
             "TCG guests on a 2-core CPU machine; link modelled by one qemu-storage-daemon throttle group "
             "shared by all exports; bytes = storage daemon rchar delta per node (includes NBD headers)."
+            + (f" {notes}" if notes else "")
         ),
     )
 
