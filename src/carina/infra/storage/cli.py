@@ -97,8 +97,15 @@ def serve(
     except CarinaError as exc:
         raise typer.BadParameter(str(exc)) from exc
     out = console(stderr=True)
+
+    def live(snap: dict[str, Any]) -> None:
+        if as_json:
+            _line({"event": "stats", **snap})
+        else:
+            out.print(_live_line(snap))
+
     if frontends > 1:
-        _serve_many(cfg, frontends, as_json=as_json)
+        _serve_many(cfg, frontends, as_json=as_json, on_stats=live)
         return
 
     def ready(server: Any) -> None:
@@ -110,12 +117,6 @@ def serve(
             sys.stdout.write(f"READY {url}\n")
             sys.stdout.flush()
 
-    def live(snap: dict[str, Any]) -> None:
-        if as_json:
-            _line({"event": "stats", **snap})
-        else:
-            out.print(_live_line(snap))
-
     try:
         final = run(cfg, ready=ready, on_stats=live)
     except CarinaError as exc:
@@ -125,8 +126,8 @@ def serve(
         _line({"event": "stopped", **final})
 
 
-def _serve_many(cfg: Any, frontends: int, *, as_json: bool) -> None:
-    """``serve --frontends N``: N front-end processes over one shared store (no live stats line)."""
+def _serve_many(cfg: Any, frontends: int, *, as_json: bool, on_stats: Any) -> None:
+    """``serve --frontends N``: N front-end processes over one shared store, their live stats merged."""
     from carina.infra.storage.frontends import run_frontends
 
     out = console(stderr=True)
@@ -142,7 +143,7 @@ def _serve_many(cfg: Any, frontends: int, *, as_json: bool) -> None:
             sys.stdout.flush()
 
     try:
-        final = run_frontends(cfg, processes=frontends, ready=ready)
+        final = run_frontends(cfg, processes=frontends, ready=ready, on_stats=on_stats)
     except CarinaError as exc:
         out.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from exc
@@ -182,7 +183,10 @@ def stats(
         emit_json(summary)
         return
     rows = [(k, v) for k, v in summary.items() if k != "live"]
-    rows += [(f"live.{k}", v) for k, v in summary.get("live", {}).items() if not isinstance(v, dict)]
+    live = summary.get("live", {})
+    rows += [(f"live.{k}", v) for k, v in live.items() if not isinstance(v, dict | list)]
+    if isinstance(live.get("frontends"), list):  # written by serve --frontends N: the merged stats of N processes
+        rows.append(("live.frontends", len(live["frontends"])))
     print_table(rows, columns=["field", "value"], title=f"store {store}")
 
 

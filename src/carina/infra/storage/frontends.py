@@ -25,6 +25,12 @@ on ``N`` different front ends instead of wherever a hash puts them (with
 ``SO_REUSEPORT``, which this used before, two connections shared one process
 half the time).
 
+**Live stats are merged.** Each front end republishes its counters and latency
+histogram into its own slot of a shared-memory :class:`StatsBoard` (a seqlock, no
+lock on the request path); the parent merges the slots every ``stats_interval``
+(:class:`CombinedStats`), hands the snapshot to ``on_stats`` and writes it to
+``<store>/stats.json``, as one front end does.
+
 A front end that dies takes the others down (the parent stops them all), and
 the parent dying kills the front ends (``PR_SET_PDEATHSIG``); acknowledged
 writes are in the log either way.
@@ -37,6 +43,7 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import mmap
 import multiprocessing as mp
 import multiprocessing.connection
@@ -44,6 +51,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +59,8 @@ from typing import Any
 import numpy as np
 
 from carina.core.errors import BackendUnavailable
+from carina.infra.storage.frontstats import CombinedStats, StatsBoard, publish_every, publish_period
+from carina.infra.storage.stats import write_stats_file
 from carina.infra.storage.store import BlockStore
 
 __all__ = ["SharedBlockStore", "run_frontends"]
@@ -198,9 +208,10 @@ class _BalancedAccept:
         self.listener.close()
 
 
-def _frontend_main(
-    config: Any, store: SharedBlockStore, listen: tuple[socket.socket, Any], index: int, conn: Any
-) -> None:
+_Shared = tuple[socket.socket, Any, StatsBoard]  # the listening socket, connection counts, live-stats slots
+
+
+def _frontend_main(config: Any, store: SharedBlockStore, shared: _Shared, index: int, conn: Any) -> None:
     """One front-end process: its own loop, engine and slots over the shared store."""
     _die_with_parent()
     store.primary = False
@@ -208,14 +219,12 @@ def _frontend_main(
     from carina.infra.storage.service import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory(config.server.loop)) as runner:
-        final = runner.run(_frontend(config, store, listen, index, conn))
+        final = runner.run(_frontend(config, store, shared, index, conn))
     store.close()
     conn.send(("stopped", index, final))
 
 
-async def _frontend(
-    config: Any, store: SharedBlockStore, listen: tuple[socket.socket, Any], index: int, conn: Any
-) -> dict[str, Any]:
+async def _frontend(config: Any, store: SharedBlockStore, shared: _Shared, index: int, conn: Any) -> dict[str, Any]:
     from carina.infra.storage.server import NbdServer
     from carina.infra.storage.stats import TierStats
     from carina.infra.storage.tier import Tier, open_engine
@@ -227,15 +236,20 @@ async def _frontend(
     server = NbdServer(tier, export=srv.export, stats=stats)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    listener, counts = listen
+    listener, counts, board = shared
     acceptor = _BalancedAccept(server, listener, np.frombuffer(counts, dtype=np.int64), index)
+    publisher = asyncio.ensure_future(
+        publish_every(board, index, stats, engine.report, publish_period(srv.stats_interval))
+    )
     try:
         conn.send(("ready", os.getpid()))
         await stop.wait()
     finally:
+        publisher.cancel()
         acceptor.close()
         await server.close()
         engine.close()
+    board.publish(index, stats, engine.report())  # the final counts, for the parent's combined totals
     return {**stats.snapshot(), "accepted": server.accepted, "pid": os.getpid(), **engine.report()}
 
 
@@ -255,10 +269,16 @@ def run_frontends(
     processes: int,
     ready: Callable[[dict[str, Any]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_stats: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Serve ``config`` from ``processes`` front-end processes until SIGTERM/SIGINT (or ``should_stop()``).
 
-    Returns the store's space accounting and each front end's final stats.
+    Every ``stats_interval`` the front ends' stats are merged (:class:`CombinedStats`), written to
+    ``<store>/stats.json`` and passed to ``on_stats``, as :func:`carina.infra.storage.service.serve` does.
+
+    Returns:
+        The combined final stats (with the store's space accounting) and, under ``frontends``, each
+        front end's own final stats.
 
     Raises:
         BackendUnavailable: A front end did not start.
@@ -273,13 +293,17 @@ def run_frontends(
     procs: list[Any] = []
     pipes: list[Any] = []
     finals: list[dict[str, Any]] = []
+    board = StatsBoard(processes)
+    combined = CombinedStats(board)
+    stats_path = sc.path / "stats.json"
     try:
         listener = _listen(srv.host, srv.port)
         port = int(listener.getsockname()[1])
         counts = mmap.mmap(-1, 8 * processes)  # connections per front end, shared (MAP_SHARED | MAP_ANONYMOUS)
         for i in range(processes):
             parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_frontend_main, args=(config, store, (listener, counts), i, child), daemon=False)
+            shared = (listener, counts, board)
+            proc = ctx.Process(target=_frontend_main, args=(config, store, shared, i, child), daemon=False)
             proc.start()
             child.close()
             procs.append(proc)
@@ -288,10 +312,13 @@ def run_frontends(
         listener.close()  # the front ends hold their own copies
         if ready is not None:
             ready({"port": port, "pids": pids})
-        sentinels = [p.sentinel for p in procs]
-        while not stopping[0] and not (should_stop and should_stop()):
-            if mp.connection.wait(sentinels, timeout=0.2):
-                break  # a front end died: stop the others (fail-stop)
+        live = functools.partial(_live, combined, store, stats_path, on_stats)
+        _watch(
+            [p.sentinel for p in procs],
+            lambda: stopping[0] or bool(should_stop and should_stop()),
+            srv.stats_interval,
+            live,
+        )
     finally:
         for proc in procs:
             if proc.is_alive() and proc.pid is not None:
@@ -309,9 +336,29 @@ def run_frontends(
         for sig, handler in old.items():
             signal.signal(sig, handler)
         store.close()
-    st = store.stats()
-    return {"frontends": finals, "stored_bytes": st.stored_bytes, "logical_bytes": st.logical_bytes,
-            "ratio": st.ratio, "log_bytes": st.log_bytes}  # fmt: skip
+    return {**_live(combined, store, stats_path, None), "frontends": finals}
+
+
+def _live(
+    combined: CombinedStats, store: SharedBlockStore, path: Path, on_stats: Callable[[dict[str, Any]], None] | None
+) -> dict[str, Any]:
+    """Merge the front ends' stats, write them to ``path`` (``carina storage stats`` reads it), pass them on."""
+    snap = combined.snapshot(store)
+    write_stats_file(path, snap)
+    if on_stats is not None:
+        on_stats(snap)
+    return snap
+
+
+def _watch(sentinels: list[Any], stopped: Callable[[], bool], interval: float, live: Callable[[], Any]) -> None:
+    """Return once ``stopped()`` or a front end exits (fail-stop); call ``live()`` every ``interval`` seconds."""
+    due = time.monotonic() + interval
+    while not stopped():
+        if mp.connection.wait(sentinels, timeout=min(0.2, max(due - time.monotonic(), 0.0))):
+            return  # a front end died: the caller stops the others
+        if time.monotonic() >= due:
+            due = max(due + interval, time.monotonic() + interval / 2)  # no burst of snapshots after a stall
+            live()
 
 
 def _await_ready(pipe: Any, proc: Any) -> int:

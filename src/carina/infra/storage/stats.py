@@ -6,9 +6,12 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from carina.core.errors import ConfigError
 
 __all__ = ["LatencyHistogram", "TierStats"]
 
@@ -54,6 +57,25 @@ class LatencyHistogram:
         """Forget every sample."""
         self.counts = [0] * len(self.counts)
         self.total = 0
+
+    @classmethod
+    def from_counts(cls, counts: Iterable[int]) -> LatencyHistogram:
+        """A histogram holding ``counts`` per bucket (as :attr:`counts` lists them)."""
+        hist = cls()
+        values = [int(c) for c in counts]
+        if len(values) != len(hist.counts):
+            raise ConfigError(f"a latency histogram has {len(hist.counts)} buckets, not {len(values)}", key="counts")
+        hist.counts, hist.total = values, sum(values)
+        return hist
+
+    @classmethod
+    def merged(cls, hists: Iterable[LatencyHistogram]) -> LatencyHistogram:
+        """One histogram of every sample of ``hists`` (bucket counts summed, so its percentiles are exact merges)."""
+        out = cls()
+        for h in hists:
+            out.counts = [a + b for a, b in zip(out.counts, h.counts, strict=True)]
+            out.total += h.total
+        return out
 
 
 @dataclass
