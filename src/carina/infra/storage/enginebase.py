@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from carina.core.backend import Backend
+from carina.core.errors import BackendUnavailable
 from carina.infra.storage.codecs import Codec, Job, Op, Result, codec_available, run_jobs
 from carina.infra.storage.config import Overflow
 
@@ -79,6 +80,9 @@ class PayloadEngine(Backend):
     #: A request whose jobs all decompress blocks smaller than this (or blocks stored raw) runs right here,
     #: in the event loop (0: never); set for the CPU pools from ``EngineConfig.loop_below``.
     loop_below = 0
+    #: Whether :meth:`run` never waits (jobs run in the caller's thread before it returns): the tier then
+    #: serves requests that need no other wait without a coroutine, through :meth:`run_now`.
+    runs_inline = False
     #: How the GPU engines' launch threads wait (set by ``build_engine``; "" for the CPU engines).
     cuda_wait_note = ""
 
@@ -119,6 +123,14 @@ class PayloadEngine(Backend):
         self._pending.append((fut, list(jobs)))
         self._schedule(loop)
         return await fut
+
+    def run_now(self, jobs: Sequence[Job]) -> list[Result]:
+        """Run ``jobs`` here and now (only engines with :attr:`runs_inline` support it).
+
+        Raises:
+            BackendUnavailable: This engine hands its jobs off.
+        """
+        raise BackendUnavailable(f"the {self.name} engine does not run jobs inline")
 
     def _room(self) -> int:
         """Pieces that may be launched now (with ``Overflow.LOOP``: workers idle now)."""

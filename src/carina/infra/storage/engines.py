@@ -43,12 +43,17 @@ class InlineEngine(PayloadEngine):
     """Runs jobs in the event loop's thread: the single-process CPU middle tier."""
 
     name = "inline"
+    runs_inline = True
 
     def __init__(self, arena_bytes: int) -> None:
         super().__init__(Arena(arena_bytes))
 
     async def run(self, jobs: Sequence[Job]) -> list[Result]:
         """Run ``jobs`` right here, before returning (no batching: there is nothing to hand off)."""
+        return self.run_now(jobs)
+
+    def run_now(self, jobs: Sequence[Job]) -> list[Result]:
+        """Run ``jobs`` in the caller's thread."""
         self.batches += 1
         self.jobs += len(jobs)
         return run_jobs(self.arena.view, jobs)

@@ -225,7 +225,7 @@ def _frontend_main(config: Any, store: SharedBlockStore, shared: _Shared, index:
 
 
 async def _frontend(config: Any, store: SharedBlockStore, shared: _Shared, index: int, conn: Any) -> dict[str, Any]:
-    from carina.infra.storage.server import NbdServer
+    from carina.infra.storage.listener import NbdServer
     from carina.infra.storage.stats import TierStats
     from carina.infra.storage.tier import Tier, open_engine
 

@@ -15,15 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from carina.core.errors import CarinaError, DeviceFull, StorageProtocolError
 from carina.infra.storage import protocol as p
 from carina.infra.storage.handshake import Handshake
 from carina.infra.storage.stats import TierStats
-from carina.infra.storage.tier import Tier, WriteLease
+from carina.infra.storage.tier import ReadResult, Tier, WriteLease
 
-__all__ = ["NbdConnection", "NbdServer"]
+if TYPE_CHECKING:
+    from carina.infra.storage.listener import NbdServer
+
+__all__ = ["NbdConnection"]
 
 log = logging.getLogger("carina.infra.storage")
 
@@ -60,6 +63,9 @@ class NbdConnection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.transport: asyncio.Transport | None = None
+        # asyncio.get_running_loop() makes a getpid() system call on every call (CPython 3.11): a few
+        # microseconds each on a virtual machine, several per request; the connection keeps its loop.
+        self._loop = asyncio.get_running_loop()
         self.handshake = Handshake(self, export=server.export, size=self.tier.size, block_size=self.tier.block_size)
         self.structured = False
 
@@ -174,7 +180,7 @@ class NbdConnection(asyncio.BufferedProtocol):
             self._after.append(after)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -203,8 +209,23 @@ class NbdConnection(asyncio.BufferedProtocol):
             self._start_payload(req, error)
         elif error:
             self._reject(req, error, "unsupported command, bad flags or out of range")
+        elif req.cmd == p.Cmd.READ:
+            self._read_now(req)
         else:
             self._spawn(self._serve(req))
+
+    def _read_now(self, req: p.Request) -> None:
+        """Answer a READ before returning where the tier need not wait; otherwise in a task."""
+        t0 = self._loop.time()
+        try:
+            result = self.tier.read_now(req.offset, req.length)
+        except CarinaError as exc:
+            self._fail(req, t0, exc)
+            return
+        if result is None:
+            self._spawn(self._read(req, t0))
+        else:
+            self._reply_data(req, result, t0)
 
     def _invalid(self, req: p.Request) -> int:
         """The NBD errno a well-framed but unacceptable request gets (0 if acceptable)."""
@@ -240,7 +261,7 @@ class NbdConnection(asyncio.BufferedProtocol):
 
     def _await_payload(self, req: p.Request, lease: WriteLease, error: int) -> None:
         self._target, self._filled = lease, 0
-        self._pending_write = (req, error, asyncio.get_running_loop().time())
+        self._pending_write = (req, error, self._loop.time())
         if not req.length:
             self._payload_done()
 
@@ -251,14 +272,24 @@ class NbdConnection(asyncio.BufferedProtocol):
         if error:
             self._reject(req, error, "write outside the export")
         else:
-            self._spawn(self._commit(req, lease, t0))
+            self._commit_now(req, lease, t0)
         self.expect(p.REQUEST_HEADER, self._on_request)
 
-    async def _commit(self, req: p.Request, lease: WriteLease, t0: float) -> None:
-        await self._run(req, t0, self.tier.commit(lease, fua=bool(req.flags & _FUA)))
+    def _commit_now(self, req: p.Request, lease: WriteLease, t0: float) -> None:
+        """Commit and acknowledge a WRITE before returning where the tier need not wait; otherwise in a task."""
+        fua = bool(req.flags & _FUA)
+        try:
+            done = self.tier.commit_now(lease, fua=fua)
+        except CarinaError as exc:
+            self._fail(req, t0, exc)
+            return
+        if done:
+            self._done(req, t0)
+        else:
+            self._spawn(self._run(req, t0, self.tier.commit(lease, fua=fua)))
 
     async def _serve(self, req: p.Request) -> None:
-        t0 = asyncio.get_running_loop().time()
+        t0 = self._loop.time()
         fua = bool(req.flags & _FUA)
         if req.cmd == p.Cmd.READ:
             await self._read(req, t0)
@@ -277,6 +308,9 @@ class NbdConnection(asyncio.BufferedProtocol):
         except CarinaError as exc:
             self._fail(req, t0, exc)
             return
+        self._done(req, t0)
+
+    def _done(self, req: p.Request, t0: float) -> None:
         self.send(p.structured_done(req.cookie) if self.structured else p.simple_reply(req.cookie))
         self._record(req, t0)
 
@@ -286,6 +320,9 @@ class NbdConnection(asyncio.BufferedProtocol):
         except CarinaError as exc:
             self._fail(req, t0, exc)
             return
+        self._reply_data(req, result, t0)
+
+    def _reply_data(self, req: p.Request, result: ReadResult, t0: float) -> None:
         if self.structured:
             head = p.structured_data_header(req.cookie, req.offset, req.length)
         else:
@@ -311,11 +348,11 @@ class NbdConnection(asyncio.BufferedProtocol):
         self.stats.record(_NAMES.get(req.cmd, "other"), 0, 0.0, ok=False)
 
     def _record(self, req: p.Request, t0: float, *, ok: bool = True) -> None:
-        dt = asyncio.get_running_loop().time() - t0
+        dt = self._loop.time() - t0
         self.stats.record(_NAMES.get(req.cmd, "other"), req.length if ok else 0, dt, ok=ok)
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
+        task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
 
@@ -335,53 +372,3 @@ class NbdConnection(asyncio.BufferedProtocol):
 
 async def _nothing() -> None:
     return None
-
-
-class NbdServer:
-    """Listens for NBD clients and serves one export from a :class:`Tier`."""
-
-    def __init__(self, tier: Tier, *, export: str, stats: TierStats | None = None) -> None:
-        self.tier = tier
-        self.export = export
-        self.stats = stats or TierStats()
-        self.connections: set[NbdConnection] = set()
-        self.accepted = 0
-        self._servers: list[asyncio.Server] = []
-        self.ports: list[int] = []
-
-    @property
-    def transmission_flags(self) -> int:
-        """Flags advertised with the export."""
-        return p.TRANSMISSION_FLAGS
-
-    async def listen(self, host: str, port: int, *, reuse_port: bool = False) -> int:
-        """Start listening on ``host:port`` (0 picks a port); return the port.
-
-        ``reuse_port``: share the port with other front-end processes (``SO_REUSEPORT``).
-        """
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: NbdConnection(self), host, port, reuse_address=True, reuse_port=reuse_port or None
-        )
-        self._servers.append(server)
-        bound = int(server.sockets[0].getsockname()[1])
-        self.ports.append(bound)
-        return bound
-
-    async def adopt(self, sock: Any) -> None:
-        """Serve a client socket accepted elsewhere (a front end's balanced accept loop)."""
-        await asyncio.get_running_loop().connect_accepted_socket(lambda: NbdConnection(self), sock)
-
-    async def close(self) -> None:
-        """Stop listening, finish in-flight requests, close connections."""
-        for server in self._servers:
-            server.close()
-        for conn in list(self.connections):
-            conn._disconnect()
-        pending = [t for c in list(self.connections) for t in c._tasks]
-        if pending:
-            await asyncio.wait(pending, timeout=30)
-        for conn in list(self.connections):
-            conn.close()
-        for server in self._servers:
-            await server.wait_closed()

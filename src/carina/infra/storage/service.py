@@ -10,7 +10,7 @@ from typing import Any
 
 from carina.core.errors import BackendUnavailable
 from carina.infra.storage.config import LoopKind, TierConfig
-from carina.infra.storage.server import NbdServer
+from carina.infra.storage.listener import NbdServer
 from carina.infra.storage.stats import TierStats, write_stats_file
 from carina.infra.storage.tier import Tier
 

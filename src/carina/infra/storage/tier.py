@@ -12,162 +12,16 @@ the slot. One slot layout (``S`` payload bytes, block size ``B``)::
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from carina.core.errors import IOEngineError
 from carina.infra.storage.codecs import ERR_CHECKSUM, Codec, Job, Op, Result
 from carina.infra.storage.config import TierConfig
 from carina.infra.storage.engines import PayloadEngine, build_engine
+from carina.infra.storage.slots import RangeLock, ReadResult, Slot, SlotPool, WriteLease
 from carina.infra.storage.store import BlockStore
 
 __all__ = ["RangeLock", "ReadResult", "Slot", "SlotPool", "Tier", "WriteLease", "open_engine"]
-
-
-@dataclass(eq=False)
-class Slot:
-    """One payload buffer of the arena, with its stored-bytes and edge-block regions."""
-
-    index: int
-    inp_off: int
-    out_off: int
-    edge_off: int
-    inp: memoryview
-    out: memoryview
-    edge: memoryview
-
-
-class SlotPool:
-    """Fixed payload slots carved from an arena; waiters queue when all are taken."""
-
-    def __init__(self, arena: memoryview, *, slots: int, slot_bytes: int, block_size: int) -> None:
-        span = self.slot_span(slot_bytes, block_size)
-        region = slot_bytes + block_size
-        self._free: list[Slot] = []
-        for i in range(slots):
-            base = i * span
-            inp, out, edge = base, base + region, base + 2 * region
-            self._free.append(
-                Slot(
-                    i,
-                    inp,
-                    out,
-                    edge,
-                    arena[inp : inp + region],
-                    arena[out : out + region],
-                    arena[edge : edge + 2 * block_size],
-                )
-            )
-        self._waiters: list[asyncio.Future[Slot]] = []
-
-    @staticmethod
-    def slot_span(slot_bytes: int, block_size: int) -> int:
-        """Arena bytes one slot takes."""
-        return 2 * (slot_bytes + block_size) + 2 * block_size
-
-    @property
-    def free(self) -> int:
-        """Slots not in use."""
-        return len(self._free)
-
-    def try_acquire(self) -> Slot | None:
-        """A free slot, or ``None`` without waiting."""
-        return self._free.pop() if self._free and not self._waiters else None
-
-    async def acquire(self) -> Slot:
-        """A free slot, waiting for one if needed."""
-        slot = self.try_acquire()
-        if slot is not None:
-            return slot
-        fut: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.release(fut.result())
-            raise
-
-    def release(self, slot: Slot) -> None:
-        """Give ``slot`` back (to the first waiter, if any)."""
-        while self._waiters:
-            fut = self._waiters.pop(0)
-            if not fut.done():
-                fut.set_result(slot)
-                return
-        self._free.append(slot)
-
-
-class RangeLock:
-    """Excludes overlapping block ranges (read-modify-write and map updates of a block)."""
-
-    def __init__(self) -> None:
-        self._held: list[tuple[int, int]] = []  # ranges of several blocks
-        self._single: set[int] = set()  # single blocks (most requests: one block), checked in O(1)
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def _free(self, lo: int, hi: int) -> bool:
-        if hi - lo == 1:
-            if lo in self._single:
-                return False
-        elif self._single:  # the smaller side: blocks of the range, or the single blocks held
-            if hi - lo <= len(self._single):
-                if any(b in self._single for b in range(lo, hi)):
-                    return False
-            elif any(lo <= b < hi for b in self._single):
-                return False
-        return all(hi <= a or b <= lo for a, b in self._held)
-
-    @contextlib.asynccontextmanager
-    async def hold(self, lo: int, hi: int) -> AsyncIterator[None]:
-        """Hold blocks ``[lo, hi)`` for the body of the ``async with`` (no await when uncontended)."""
-        while not self._free(lo, hi):
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            await fut
-        single = hi - lo == 1
-        if single:
-            self._single.add(lo)
-        else:
-            self._held.append((lo, hi))
-        try:
-            yield
-        finally:
-            if single:
-                self._single.discard(lo)
-            else:
-                self._held.remove((lo, hi))
-            waiters, self._waiters = self._waiters, []
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-
-
-@dataclass(eq=False)
-class WriteLease:
-    """Where a WRITE payload is to be received: ``buffer`` (a slot view or a private buffer)."""
-
-    offset: int
-    length: int
-    buffer: memoryview
-    slot: Slot | None
-
-
-@dataclass(eq=False)
-class ReadResult:
-    """READ data as buffers to send; call ``release`` once they are sent."""
-
-    buffers: list[memoryview | bytes]
-    slot: Slot | None = None
-    _pool: SlotPool | None = field(default=None, repr=False)
-
-    def release(self) -> None:
-        """Return the slot the data lives in."""
-        if self.slot is not None and self._pool is not None:
-            self._pool.release(self.slot)
-            self.slot = None
 
 
 def open_engine(config: TierConfig) -> PayloadEngine:
@@ -288,12 +142,12 @@ class Tier:
         async with self.locks.hold(first, first + nb), edge_lock:
             if head or tail:
                 await self._patch_edges(slot, first, nb, head, tail)
-            jobs: list[Job] = [
-                (Op.COMPRESS, self.codec, slot.inp_off + i * b, b, slot.out_off + i * b, b, 0) for i in range(nb)
-            ]
-            results = await self.engine.run(jobs)
-            payloads = [slot.out[i * b : (i + 1) * b] for i in range(nb)]
-            self.store.append(first, results, payloads)
+            results = await self.engine.run(self._compress_jobs(slot, nb))
+            self.store.append(first, results, [slot.out[i * b : (i + 1) * b] for i in range(nb)])
+
+    def _compress_jobs(self, slot: Slot, nb: int) -> list[Job]:
+        b = self.block_size
+        return [(Op.COMPRESS, self.codec, slot.inp_off + i * b, b, slot.out_off + i * b, b, 0) for i in range(nb)]
 
     async def _patch_edges(self, slot: Slot, first: int, nb: int, head: int, tail: int) -> None:
         """Fill the bytes of partial edge blocks around the payload from their stored contents."""
@@ -310,6 +164,11 @@ class Tier:
 
     async def _load_blocks(self, slot: Slot, wanted: list[tuple[int, int, int]]) -> None:
         """Decompress blocks into arena offsets: ``(block, stored_at, dst)`` triples."""
+        jobs, where = self._load_jobs(wanted)
+        self._check(await self.engine.run(jobs), where)
+
+    def _load_jobs(self, wanted: list[tuple[int, int, int]]) -> tuple[list[Job], list[int]]:
+        """Read the stored bytes of ``(block, stored_at, dst)`` (holes: zero ``dst``); their decompress jobs."""
         arena = self.engine.arena.view
         b = self.block_size
         jobs: list[Job] = []
@@ -322,7 +181,7 @@ class Tier:
             self.store.read_stored(e, arena[src : src + e.clen])
             jobs.append((Op.DECOMPRESS, e.codec, src, e.clen, dst, b, e.crc))
             where.append(block)
-        self._check(await self.engine.run(jobs), where)
+        return jobs, where
 
     def _check(self, results: list[Result], blocks: list[int]) -> None:
         for (_, n, _), block in zip(results, blocks, strict=True):
@@ -359,6 +218,51 @@ class Tier:
         nb = -(-(head + n) // b)
         await self._load_blocks(slot, [(first + i, slot.out_off + i * b, slot.inp_off + i * b) for i in range(nb)])
         return slot.inp[head : head + n]
+
+    # -- without a coroutine ---------------------------------------------------------
+    def read_now(self, offset: int, length: int) -> ReadResult | None:
+        """:meth:`read`, done before returning; ``None`` (nothing done) where it would have to wait.
+
+        It runs with an engine that :attr:`~PayloadEngine.runs_inline` when a slot is free and the range fits
+        one slot: most READs of the one-process tier, which then cost no task, coroutine or future.
+        """
+        if not self.engine.runs_inline or not self._fits(offset, length):
+            return None
+        slot = self.pool.try_acquire()
+        if slot is None:
+            return None
+        b = self.block_size
+        first, head = divmod(offset, b)
+        nb = -(-(head + length) // b)
+        try:
+            jobs, where = self._load_jobs([(first + i, slot.out_off + i * b, slot.inp_off + i * b) for i in range(nb)])
+            self._check(self.engine.run_now(jobs), where)
+        except BaseException:
+            self.pool.release(slot)
+            raise
+        return ReadResult([slot.inp[head : head + length]], slot, self.pool)
+
+    def commit_now(self, lease: WriteLease, *, fua: bool = False) -> bool:
+        """:meth:`commit`, done before returning; ``False`` (the lease untouched) where it would have to wait.
+
+        It would wait for FUA's flush, an engine that hands jobs off, partial edge blocks (read-modify-write,
+        locked against other front ends) or blocks another write holds. Otherwise the blocks are compressed and
+        appended here, as :meth:`commit` does under the range lock (nothing else runs meanwhile).
+        """
+        slot = lease.slot
+        if fua or slot is None or not lease.length or not self.engine.runs_inline:
+            return False
+        b = self.block_size
+        first, head = divmod(lease.offset, b)
+        nb, tail = divmod(head + lease.length, b)
+        if head or tail or not self.locks.available(first, first + nb):
+            return False
+        try:
+            results = self.engine.run_now(self._compress_jobs(slot, nb))
+            self.store.append(first, results, [slot.out[i * b : (i + 1) * b] for i in range(nb)])
+        finally:
+            self.drop(lease)
+        return True
 
     # -- zeroes, trim, flush ---------------------------------------------------------
     async def write_zeroes(self, offset: int, length: int, *, fua: bool = False) -> None:
