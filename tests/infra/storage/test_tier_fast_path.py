@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from carina.core.errors import BackendUnavailable, IOEngineError
+from carina.infra.storage import protocol as p
 from carina.infra.storage.slots import WriteLease
 from carina.infra.storage.tier import Tier
 from carina.testing.storage import RawNbdClient, TierThread, small_tier_config
@@ -148,3 +151,29 @@ def test_inline_server_answers_requests_and_counts_them(start_tier: Callable[...
     ops = t.server.stats.ops
     assert ops.get("write") == 32 and ops.get("read") == 32
     assert t.server.stats.bytes_written == 32 * B and t.server.stats.bytes_read == 32 * B
+
+
+def test_replies_to_a_client_that_stops_reading_arrive_whole_and_in_order_of_bytes(
+    start_tier: Callable[..., TierThread],
+) -> None:
+    """Replies leave from their slots by ``writev``; what the socket refuses is copied and queued, never lost."""
+    block = 64 << 10
+    t = start_tier(engine="inline", size=4 << 20, block_size=block)
+    c = RawNbdClient(t.port)
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # a small window: the server's socket fills
+    c.go()
+    blocks = [os.urandom(block) for _ in range(64)]
+    for k, data in enumerate(blocks):
+        assert c.write(k * block, data) == 0
+    for k in range(64):  # 4 MiB of replies asked for before any is read: the socket fills up
+        c.request(p.Cmd.READ, k * block, block, cookie=1000 + k)
+    time.sleep(0.3)
+    got = {}
+    for _ in range(64):
+        rep = c.reply(block)
+        assert rep.error == 0
+        got[rep.cookie] = rep.data
+    assert got == {1000 + k: data for k, data in enumerate(blocks)}
+    assert c.read(0, block) == blocks[0]
+    c.disconnect()
+    assert t.server.stats.ops.get("read") == 65
