@@ -36,7 +36,7 @@ _WHERE = {
     "CodecName": "config",
     "EngineConfig": "config",
     "EngineKind": "config",
-    "NbdServer": "server",
+    "NbdServer": "listener",
     "ServerConfig": "config",
     "StoreConfig": "config",
     "Tier": "tier",

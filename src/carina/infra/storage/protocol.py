@@ -22,6 +22,9 @@ from carina.core.errors import StorageProtocolError
 
 __all__ = [
     "CLIENT_FLAGS",
+    "CMD_NAMES",
+    "FUA_BIT",
+    "KNOWN_FLAGS",
     "MAX_OPTION_DATA",
     "MAX_PAYLOAD",
     "OPTION_HEADER",
@@ -175,6 +178,14 @@ class CmdFlag(enum.IntFlag):
     DF = 1 << 2
     REQ_ONE = 1 << 3
     FAST_ZERO = 1 << 4
+
+
+#: Every command flag carina accepts, and FUA alone, as plain ints (``int & IntFlag`` runs enum code per request).
+KNOWN_FLAGS = int(CmdFlag.FUA | CmdFlag.NO_HOLE | CmdFlag.DF | CmdFlag.FAST_ZERO)
+FUA_BIT = int(CmdFlag.FUA)
+#: The stats' name of each command.
+CMD_NAMES: dict[int, str] = {Cmd.READ: "read", Cmd.WRITE: "write", Cmd.FLUSH: "flush", Cmd.TRIM: "trim",
+                             Cmd.WRITE_ZEROES: "write_zeroes", Cmd.CACHE: "cache"}  # fmt: skip
 
 
 class Errno(enum.IntEnum):

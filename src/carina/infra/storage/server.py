@@ -17,7 +17,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from carina.core.errors import CarinaError, DeviceFull, StorageProtocolError
 from carina.infra.storage import protocol as p
@@ -25,26 +25,29 @@ from carina.infra.storage.handshake import Handshake
 from carina.infra.storage.stats import TierStats
 from carina.infra.storage.tier import ReadResult, Tier, WriteLease
 
-if TYPE_CHECKING:
-    from carina.infra.storage.listener import NbdServer
-
 __all__ = ["NbdConnection"]
 
 log = logging.getLogger("carina.infra.storage")
 
 _STAGING = 256 << 10
-_KNOWN_FLAGS = int(p.CmdFlag.FUA | p.CmdFlag.NO_HOLE | p.CmdFlag.DF | p.CmdFlag.FAST_ZERO)
 _IOV_MAX = 512  # most buffers in one writev (Linux takes 1024)
 _WRITEV_PIECE = 8 << 10  # mean piece size from which replies leave unjoined (small pieces: joining is cheaper)
-_FUA = int(p.CmdFlag.FUA)  # a plain int: ``int & IntFlag`` runs enum code in Python on every request
-_NAMES: dict[int, str] = {p.Cmd.READ: "read", p.Cmd.WRITE: "write", p.Cmd.FLUSH: "flush", p.Cmd.TRIM: "trim",
-          p.Cmd.WRITE_ZEROES: "write_zeroes", p.Cmd.CACHE: "cache"}  # fmt: skip
+
+
+class Listener(Protocol):
+    """What a connection uses of its listener (:class:`~carina.infra.storage.listener.NbdServer`)."""
+
+    tier: Tier
+    stats: TierStats
+    export: str
+    connections: set[Any]
+    accepted: int
 
 
 class NbdConnection(asyncio.BufferedProtocol):
     """One client connection: handshake, then transmission."""
 
-    def __init__(self, server: NbdServer) -> None:
+    def __init__(self, server: Listener) -> None:
         self.server = server
         self.tier: Tier = server.tier
         self.stats: TierStats = server.stats
@@ -166,7 +169,8 @@ class NbdConnection(asyncio.BufferedProtocol):
     def protocol_error(self, exc: StorageProtocolError) -> None:
         """Log a protocol violation and close this connection (never the server)."""
         self.stats.protocol_errors += 1
-        log.error("closing NBD connection from %s: %s", self._peer(), exc)
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        log.error("closing NBD connection from %s: %s", peer, exc)
         self.close()
 
     def close(self) -> None:
@@ -216,9 +220,6 @@ class NbdConnection(asyncio.BufferedProtocol):
         except OSError:  # EAGAIN, or a broken connection that the transport's own write then reports
             return 0
 
-    def _peer(self) -> Any:
-        return self.transport.get_extra_info("peername") if self.transport else None
-
     # -- transmission ------------------------------------------------------------------
     def start_transmission(self) -> None:
         """Called by the handshake once an export is chosen."""
@@ -254,7 +255,7 @@ class NbdConnection(asyncio.BufferedProtocol):
 
     def _invalid(self, req: p.Request) -> int:
         """The NBD errno a well-framed but unacceptable request gets (0 if acceptable)."""
-        if req.cmd not in _NAMES or req.flags & ~_KNOWN_FLAGS:
+        if req.cmd not in p.CMD_NAMES or req.flags & ~p.KNOWN_FLAGS:
             return p.Errno.EINVAL
         if req.cmd == p.Cmd.READ and req.length > p.MAX_PAYLOAD:
             return p.Errno.EOVERFLOW
@@ -302,7 +303,7 @@ class NbdConnection(asyncio.BufferedProtocol):
 
     def _commit_now(self, req: p.Request, lease: WriteLease, t0: float) -> None:
         """Commit and acknowledge a WRITE before returning where the tier need not wait; otherwise in a task."""
-        fua = bool(req.flags & _FUA)
+        fua = bool(req.flags & p.FUA_BIT)
         try:
             done = self.tier.commit_now(lease, fua=fua)
         except CarinaError as exc:
@@ -315,7 +316,7 @@ class NbdConnection(asyncio.BufferedProtocol):
 
     async def _serve(self, req: p.Request) -> None:
         t0 = self._loop.time()
-        fua = bool(req.flags & _FUA)
+        fua = bool(req.flags & p.FUA_BIT)
         if req.cmd == p.Cmd.READ:
             await self._read(req, t0)
         elif req.cmd == p.Cmd.FLUSH:
@@ -356,7 +357,7 @@ class NbdConnection(asyncio.BufferedProtocol):
         self._record(req, t0)
 
     def _fail(self, req: p.Request, t0: float, exc: CarinaError) -> None:
-        log.error("NBD %s at offset %d failed: %s", _NAMES.get(req.cmd, "?"), req.offset, exc)
+        log.error("NBD %s at offset %d failed: %s", p.CMD_NAMES.get(req.cmd, "?"), req.offset, exc)
         self._reply_error(req, p.Errno.ENOSPC if isinstance(exc, DeviceFull) else p.Errno.EIO, str(exc))
         self._record(req, t0, ok=False)
 
@@ -370,11 +371,11 @@ class NbdConnection(asyncio.BufferedProtocol):
         """Answer a request the server will not run, keeping the connection."""
         log.warning("NBD request rejected (%s): cmd=%d offset=%d length=%d", message, req.cmd, req.offset, req.length)
         self._reply_error(req, error, message)
-        self.stats.record(_NAMES.get(req.cmd, "other"), 0, 0.0, ok=False)
+        self.stats.record(p.CMD_NAMES.get(req.cmd, "other"), 0, 0.0, ok=False)
 
     def _record(self, req: p.Request, t0: float, *, ok: bool = True) -> None:
         dt = self._loop.time() - t0
-        self.stats.record(_NAMES.get(req.cmd, "other"), req.length if ok else 0, dt, ok=ok)
+        self.stats.record(p.CMD_NAMES.get(req.cmd, "other"), req.length if ok else 0, dt, ok=ok)
 
     def _spawn(self, coro: Any) -> None:
         task = self._loop.create_task(coro)
