@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from carina.infra.storage.protocol import CMD_NAMES
 from carina.infra.storage.stats import LatencyHistogram, TierStats
 
 __all__ = ["OP_NAMES", "CombinedStats", "StatsBoard", "publish_every", "publish_period"]
 
-OP_NAMES = ("read", "write", "flush", "trim", "write_zeroes", "cache", "other")  # the server's names
+OP_NAMES = (*CMD_NAMES.values(), "other")  # the names the server counts requests under
 _COUNTERS = ("bytes_read", "bytes_written", "errors", "connections", "protocol_errors")
 # engine report keys: (name, scale to an integer, how front ends combine)
 _ENGINE: tuple[tuple[str, float, str], ...] = (

@@ -213,11 +213,15 @@ class Tier:
         return ReadResult([memoryview(out)])
 
     async def _read_chunk(self, slot: Slot, pos: int, n: int) -> memoryview:
+        await self._load_blocks(slot, self._chunk_blocks(slot, pos, n))
+        head = pos % self.block_size
+        return slot.inp[head : head + n]
+
+    def _chunk_blocks(self, slot: Slot, pos: int, n: int) -> list[tuple[int, int, int]]:
+        """The ``(block, stored_at, dst)`` triples that put bytes ``[pos, pos+n)`` into ``slot.inp``."""
         b = self.block_size
         first, head = divmod(pos, b)
-        nb = -(-(head + n) // b)
-        await self._load_blocks(slot, [(first + i, slot.out_off + i * b, slot.inp_off + i * b) for i in range(nb)])
-        return slot.inp[head : head + n]
+        return [(first + i, slot.out_off + i * b, slot.inp_off + i * b) for i in range(-(-(head + n) // b))]
 
     # -- without a coroutine ---------------------------------------------------------
     def read_now(self, offset: int, length: int) -> ReadResult | None:
@@ -231,15 +235,13 @@ class Tier:
         slot = self.pool.try_acquire()
         if slot is None:
             return None
-        b = self.block_size
-        first, head = divmod(offset, b)
-        nb = -(-(head + length) // b)
         try:
-            jobs, where = self._load_jobs([(first + i, slot.out_off + i * b, slot.inp_off + i * b) for i in range(nb)])
+            jobs, where = self._load_jobs(self._chunk_blocks(slot, offset, length))
             self._check(self.engine.run_now(jobs), where)
         except BaseException:
             self.pool.release(slot)
             raise
+        head = offset % self.block_size
         return ReadResult([slot.inp[head : head + length]], slot, self.pool)
 
     def commit_now(self, lease: WriteLease, *, fua: bool = False) -> bool:
