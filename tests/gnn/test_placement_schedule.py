@@ -101,6 +101,16 @@ def test_plans_respect_capacities_and_deliver_everything(raw):
         assert maxflow_time(t, one_gpu) == pytest.approx(schedule_lp(t, one_gpu).time_s, rel=1e-3)
 
 
+def test_a_subnormal_demand_is_not_refused_as_unreachable():
+    # Hypothesis's find on CI (session 11): 5e-324 GB from dram0 raised CapacityError in maxflow_time,
+    # whose link capacities (gbps x t) underflowed at that scale; it solves for one unit of demand now
+    t = builtin("pcie-8gpu-2socket")
+    unit = maxflow_time(t, [Demand("dram0", "gpu0", 1.0)])
+    assert unit > 0
+    assert maxflow_time(t, [Demand("dram0", "gpu0", 5e-324)]) <= unit * 1e-300
+    assert maxflow_time(t, [Demand("dram0", "gpu0", 2.0)]) == pytest.approx(2 * unit, rel=1e-5)
+
+
 def test_a_tiny_demand_keeps_the_capacities():
     # Hypothesis's find on CI: 1.2e-7 GB from dram0 came back at a quarter of its true time, its flows
     # 4x over a link's capacity (the LP solver's absolute tolerance); solved in scaled units now

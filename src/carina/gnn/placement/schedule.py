@@ -161,9 +161,10 @@ def maxflow_time(topo: Topology, demands: list[Demand], *, tol: float = 1e-6) ->
         return 0.0
     supply: dict[str, float] = defaultdict(float)
     need: dict[str, float] = defaultdict(float)
+    scale = sum(pairs.values())  # solved for one unit of demand, then scaled back: a tiny demand keeps its precision
     for (src, gpu), gb in pairs.items():
-        supply[src] += gb
-        need[gpu] += gb
+        supply[src] += gb / scale
+        need[gpu] += gb / scale
     total = sum(need.values())
 
     def feasible(t: float) -> bool:
@@ -184,7 +185,7 @@ def maxflow_time(topo: Topology, demands: list[Demand], *, tol: float = 1e-6) ->
     while hi - lo > tol * max(hi, 1e-12):
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
-    return hi
+    return hi * scale
 
 
 def _decompose(src: str, dst: str, flow: dict[tuple[str, str], float]) -> list[tuple[list[str], float]]:
