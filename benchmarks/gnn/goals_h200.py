@@ -183,6 +183,8 @@ def measured_lanes(run: dict, batch_size: int) -> dict[str, float]:
     return {
         "read_ms": per_batch(run, "read") * 1e3,
         "sample_plan_ms": (per_batch(run, "sample") + per_batch(run, "plan")) * 1e3,
+        "sample_ms": per_batch(run, "sample") * 1e3,
+        "plan_ms": per_batch(run, "plan") * 1e3,
         "assemble_ms": per_batch(run, "assemble", minus="check") * 1e3,
         "train_ms": per_batch(run, "train") * 1e3,
         "batch_ms": batch_size / run["seeds_per_s"] * 1e3,
@@ -399,6 +401,8 @@ def dataset_goals(sess: Session, ds: str, recs: dict[str, dict], rates: dict) ->
     f6, m6 = g6(ds, rec, now, work)
     mem = predict(now, work, gpu_cache_rows=work.num_nodes, host_cache_rows=0)
     measured_mem = {k: v["seeds_per_s"] for k, v in rec["metrics"]["systems"].items() if k.startswith("in-memory")}
+    bs, systems = rec["config"]["batch_size"], rec["metrics"]["systems"]
+    runs = {k: v for k, v in systems.items() if k.startswith("in-memory")} | carina_runs(rec)
     metrics = {
         "record": sess.records[ds],
         "g2": m2,
@@ -406,6 +410,7 @@ def dataset_goals(sess: Session, ds: str, recs: dict[str, dict], rates: dict) ->
         "stage_checks": m5,
         "recommended": m6,
         "in_memory_model": {"predicted": mem.seeds_per_s, "measured": measured_mem},
+        "lanes": {k: measured_lanes(v, bs) for k, v in runs.items()},  # each thread's ms a batch, every run
         "skipped": rec["metrics"]["skipped"],
     }
     plan, as_run = plans(sess, ds, now)
