@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "gnn"))
 
 import goals_h200  # noqa: E402
+import goals_h200_text  # noqa: E402
 
 from carina.gnn.diskcost import PAGE  # noqa: E402
 
@@ -93,3 +94,57 @@ def test_carina_at_full_cache_io_over_compute(recs, ds, recorded, now):
     assert g2["condition_recorded"]["io_over_device"] == pytest.approx(recorded, rel=1e-3)
     assert g2["condition_now"]["io_over_device"] == pytest.approx(now, rel=1e-3)
     assert g2["measured_lanes"]["carina@1"]["read_ms"] == pytest.approx(6.5115 if ds == "papers" else 56.945, rel=1e-4)
+
+
+S11 = goals_h200.SESSIONS["s11"]
+
+
+@pytest.mark.parametrize(
+    ("ds", "pick", "cpu_path", "sampler_ms"),
+    [
+        ("papers", (0.5753, 0.6738), (0.7661, 0.8973), (15.53, 8.79)),
+        ("igb", (0.7101, 0.7481), (0.7634, 0.8042), (41.49, 28.06)),
+    ],
+)
+def test_s11_both_host_paths_at_full_cache(ds, pick, cpu_path, sampler_ms):
+    """Session 11's lane (run in session 12): carina@1 on the model's pick (the device path) and on the cpu path,
+    over both in-memory runs; the sampler thread's ms a batch with the cache and in memory (derived)."""
+    rec = goals_h200.load(S11.records[ds])
+    _, g2 = goals_h200.g2(ds, rec, S11.workload(ds), S11.machine())
+    assert g2["host_path"] == "device" and g2["other_path"]["host_path"] == "cpu"
+    assert tuple(g2["ratios"].values()) == pytest.approx(pick, rel=1e-3)
+    assert tuple(g2["other_path"]["ratios"].values()) == pytest.approx(cpu_path, rel=1e-3)
+    lanes = g2["measured_lanes"]
+    assert (lanes["carina@1"]["sample_plan_ms"], lanes["in-memory"]["sample_plan_ms"]) == pytest.approx(
+        sampler_ms, rel=1e-3
+    )
+    row = goals_h200_text._g2_row(ds, g2, "s11")
+    assert row["verdict"] == "not met"  # 0.897 on papers-like's cpu path is not 0.9
+    assert f"{cpu_path[1]:.3f}" in row["measured"]
+
+
+def test_g2_verdict_is_computed_from_the_ratios():
+    """A row is met when a host path reaches 0.9x of an in-memory run (the verdict was a fixed "not met" before s11)."""
+    lanes = {"read_ms": 0.1, "sample_plan_ms": 9.0, "sample_ms": 9.0, "plan_ms": 0.0, "assemble_ms": 0.1}
+    lanes |= {"train_ms": 6.0, "batch_ms": 9.0}
+    g2 = {
+        "carina@1": 800.0,
+        "host_path": "device",
+        "in_memory": {"in-memory": 1000.0},
+        "ratios": {"in-memory": 0.8},
+        "condition_recorded": {"io_over_device": 0.1},
+        "condition_now": {"io_over_device": 0.1},
+        "measured_lanes": {"carina@1": lanes, "in-memory": lanes},
+        "predicted_now": {"carina@1 cpu path": 900.0, "carina@1 device path": 900.0, "in-memory": 1000.0},
+        "other_path": {
+            "host_path": "cpu",
+            "seeds_per_s": 950.0,
+            "ratios": {"in-memory": 0.95},
+            "measured_lanes": lanes,
+        },
+    }
+    assert goals_h200_text._g2_row("papers", g2, "s11")["verdict"] == "met"
+    g2["other_path"]["ratios"] = {"in-memory": 0.85}
+    assert goals_h200_text._g2_row("papers", g2, "s11")["verdict"] == "not met"
+    g2["condition_now"] = {"io_over_device": 0.9}
+    assert "condition does not hold" in goals_h200_text._g2_row("papers", g2, "s11")["verdict"]

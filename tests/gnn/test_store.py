@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -5,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from carina.core.errors import BackendUnavailable, CapacityError, ConfigError
-from carina.gnn.cache import CacheConfig, StaticCache, degree_hotness, presample_hotness
+from carina.gnn.cache import CacheConfig, CacheLookup, StaticCache, degree_hotness, presample_hotness
 from carina.gnn.dataset import PAGE, PrepareConfig, prepare
 from carina.gnn.graph import node_features
 from carina.gnn.hostpath import HostGather
@@ -213,7 +215,10 @@ def test_host_slice_is_filled_in_pinned_memory(small_dataset, engine):
     m = small_dataset.manifest
     assert cache.host.is_pinned() and cache.host.shape == (300, m.feature_dim)
     ids = torch.arange(m.num_nodes)
-    assert torch.equal(s.gather(ids).cpu(), node_features(ids, dim=m.feature_dim, seed=3))
+    want = node_features(ids, dim=m.feature_dim, seed=3)
+    assert s.host_path is HostGather.DEVICE  # auto on CUDA with a pinned slice
+    assert torch.equal(s.gather(ids).cpu(), want)  # ids on the CPU, a user's (raised in session 12)
+    assert torch.equal(s.gather(ids.cuda()).cpu(), want)
     s.close()
 
 
@@ -241,10 +246,35 @@ def test_read_stage_gathers_the_host_hits(small_dataset, engine):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("ids_on", ["cpu", "cuda"])
+@pytest.mark.parametrize("host_on_device", [False, True])
+def test_lookup_takes_ids_on_either_device(small_dataset, engine, ids_on, host_on_device):
+    """A CUDA cache splits ids from the CPU as it splits the same ids on the device (session 12 on the H200:
+    CPU ids raised, indexed with device positions); positions come on the cache's device either way."""
+    s, cache = _cuda_store(small_dataset, engine)
+    b = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=1).sample(small_dataset.train_idx[:200])
+    want = cache.lookup(b.n_id.cuda(), host_on_device=host_on_device)
+    got = cache.lookup(b.n_id.to(ids_on), host_on_device=host_on_device)
+    assert want.gpu_pos.numel() and want.host_pos.numel() and want.miss_pos.numel()
+    for f in dataclasses.fields(CacheLookup):
+        w, g = getattr(want, f.name), getattr(got, f.name)
+        assert g.device == w.device and torch.equal(g, w), f.name
+    assert got.gpu_pos.device.type == got.miss_pos.device.type == "cuda" and got.miss_ids.device.type == "cpu"
+    assert got.host_pos.device.type == ("cuda" if host_on_device else "cpu")
+    s.close()
+
+
+@pytest.mark.gpu
 def test_staged_rows_are_pinned_for_a_cuda_device(small_dataset, engine):
-    s, _ = _cuda_store(small_dataset, engine)
+    """On the cpu host path the IO thread stages the host hits and the misses in pinned memory.
+
+    (The device path stages no host rows: the GPU reads them from the mapped slice,
+    test_cuda_host_paths_are_bit_exact.)
+    """
+    s, _ = _cuda_store(small_dataset, engine, StoreConfig(host_gather=HostGather.CPU))
     b = NeighborSampler(small_dataset.graph, fanouts=[10, 5], seed=1).sample(small_dataset.train_idx[:200])
     plan = s.plan(b.n_id.cuda())
+    assert plan.lookup.host_pos.numel() > 0 and plan.lookup.miss_ids.numel() > 0
     missing = s.read(plan)
     assert missing.is_pinned() and plan.host_rows is not None and plan.host_rows.is_pinned()
     x = s.assemble(plan, missing)

@@ -154,14 +154,18 @@ class StaticCache:
         }
 
     def lookup(self, n_id: torch.Tensor, *, host_on_device: bool = False) -> CacheLookup:
-        """Split a batch's node ids (unique, on the cache device) by tier.
+        """Split a batch's node ids (unique; on the cache device or the CPU) by tier.
 
+        Positions come on the cache device whatever device the ids are on: ids on the CPU (a
+        user's, or ``read_rows``') are copied there once, the copy the slot map's gather needs
+        anyway (session 12 on the H200: CPU ids indexed with device positions raised).
         The host tier's positions and slots come to the CPU (where the IO thread gathers the
         rows), or stay on the cache device with ``host_on_device`` (the device gathers them:
         :class:`carina.gnn.hostpath.HostGather`), which saves their two copies to the host (the
         lookup still waits for the device once: ``nonzero`` and the misses' ids).
         """
-        s = self.slot[n_id.to(self.device)]
+        n_id = n_id.to(self.device)
+        s = self.slot[n_id]
         gpu_pos = torch.nonzero(s >= 0).flatten()
         host_pos = torch.nonzero(s <= -2).flatten()
         miss_pos = torch.nonzero(s == MISS).flatten()
