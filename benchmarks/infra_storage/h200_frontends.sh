@@ -91,5 +91,10 @@ for r in recs:
         if "_vs_" in f["name"] or f["name"].startswith("verified"):
             ceil = f"{f['ceiling']:.3g}" if f.get("ceiling") else "-"
             print(f"{r['name']:<36} {f['name']:<44} {f['value']:>8.3g} {f['unit']:<4} ceiling {ceil}")
+    for row in r["metrics"]["rows"]:  # the GPU engines' host time per batch by step (wall / launch-thread CPU, us)
+        steps = sorted(k[5:-8] for k in row if k.startswith("step_") and k.endswith("_wall_us"))
+        if steps:
+            cells = " ".join(f"{s} {row[f'step_{s}_wall_us']:.0f}/{row[f'step_{s}_cpu_us']:.0f}" for s in steps)
+            print(f"{r['name']:<36} {row['system']:<16} {row['block']:>6} us/batch {cells}")
 EOF
 echo "storage h200 front ends done after $(($(date +%s) - start)) s (budget $BUDGET_S s)"
