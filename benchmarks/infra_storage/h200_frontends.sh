@@ -18,8 +18,12 @@
 #   torch-bsync-feFE, nvcomp-bsync-feFE  the GPU engines with --cuda-wait block (launch threads sleep in their
 #                 waits instead of spinning on the front ends' cores); only with BSYNC=1 (session 8 measured them:
 #                 no gain in MB/s, see docs/infra.storage.md), left out by default
-# Every front end prepares its engine (CUDA graphs, CRC tables) before the server reports ready (since session 8;
-# before, the front ends warmed up inside the timed fill); the rows' engine_prepare_s says how long that took.
+# GPU_WORKERS (default 1): launch threads per GPU front end, so batches in flight per front end. Session 12 found
+#   nvCOMP bound by its call's round trip (the same requests/s with 1 front end as with 4); GPU_WORKERS=2 tells
+#   whether two calls in flight per front end double that (a round trip) or not (the GPU serialises them).
+# Every front end prepares its engine (CUDA graphs, CRC tables; nvCOMP: a codec round trip per launch thread, since
+# session 12) before the server reports ready (since session 8; before, the front ends warmed up inside the timed
+# fill); the rows' engine_prepare_s says how long that took.
 # Steps (max / min seconds), files in $OUT/storage/:
 #   smoke (10 / 3 s), smoke_nvcomp (12 / 5 s): the engines round-trip bit-exact (PASS/FAIL, no file)
 #   infra_storage_tier_h200_fe_lz4.json      step fe_lz4 (130 / 40 s): fill + bit-exact compare, reads and
@@ -43,10 +47,10 @@ export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$REC"
 [ -f .device-commit ] && export CARINA_SOURCE_COMMIT=$(cat .device-commit)  # the commit a copied tree holds
 if [ "$DEVICE" = cpu ]; then  # tiny sizes: proves the script, not the machine
   BUDGET_S=${BUDGET_S:-280}; FE=${FE:-2}; SERVER_CPUS=${SERVER_CPUS:-0-1}; CLIENT_CPUS=${CLIENT_CPUS:-0-1}
-  TIER=(--data 4M --seconds 0.2 --gpu-workers 1)
+  TIER=(--data 4M --seconds 0.2 --gpu-workers "${GPU_WORKERS:-1}")
 else
   BUDGET_S=${BUDGET_S:-290}; FE=${FE:-4}; SERVER_CPUS=${SERVER_CPUS:-0-$((FE - 1))}; CLIENT_CPUS=${CLIENT_CPUS:-8-15}
-  TIER=(--data 32M --seconds 0.5 --gpu-workers 1)
+  TIER=(--data 32M --seconds 0.5 --gpu-workers "${GPU_WORKERS:-1}")
   nvidia-smi --query-gpu=name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
 fi
 [ "$BUDGET_S" -gt 300 ] && BUDGET_S=300
@@ -87,5 +91,10 @@ for r in recs:
         if "_vs_" in f["name"] or f["name"].startswith("verified"):
             ceil = f"{f['ceiling']:.3g}" if f.get("ceiling") else "-"
             print(f"{r['name']:<36} {f['name']:<44} {f['value']:>8.3g} {f['unit']:<4} ceiling {ceil}")
+    for row in r["metrics"]["rows"]:  # the GPU engines' host time per batch by step (wall / launch-thread CPU, us)
+        steps = sorted(k[5:-8] for k in row if k.startswith("step_") and k.endswith("_wall_us"))
+        if steps:
+            cells = " ".join(f"{s} {row[f'step_{s}_wall_us']:.0f}/{row[f'step_{s}_cpu_us']:.0f}" for s in steps)
+            print(f"{r['name']:<36} {row['system']:<16} {row['block']:>6} us/batch {cells}")
 EOF
 echo "storage h200 front ends done after $(($(date +%s) - start)) s (budget $BUDGET_S s)"

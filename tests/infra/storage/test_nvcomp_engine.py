@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import zlib
 
 import pytest
@@ -123,5 +124,56 @@ def test_nvcomp_reasons_name_what_is_missing() -> None:
     engine = NvcompEngine(B, device="cpu", batch_codec=CpuStandInBatchCodec())
     try:
         assert engine.unsupported_reasons(Codec.ZVC) and not engine.unsupported_reasons(Codec.DEFLATE)
+    finally:
+        engine.close()
+
+
+class _ThreadRecordingStandIn(CpuStandInBatchCodec):
+    """The stand-in, noting which thread made each call, its operation and row length."""
+
+    def __init__(self, *, garble: bool = False) -> None:
+        super().__init__()
+        self.garble = garble
+        self.seen: list[tuple[int, str, int]] = []
+
+    def encode(self, rows, codec, stream):
+        self.seen.append((threading.get_ident(), "encode", rows.shape[1]))
+        return super().encode(rows, codec, stream)
+
+    def decode(self, rows, sizes, codec, stream):
+        self.seen.append((threading.get_ident(), "decode", rows.shape[1]))
+        blocks, got = super().decode(rows, sizes, codec, stream)
+        if self.garble:  # right sizes, wrong bytes: what the warm-up's comparison must catch
+            blocks[:, 0] ^= 0xFF
+        return blocks, got
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.DEFLATE], ids=["lz4", "deflate"])
+def test_prepare_runs_the_codec_on_every_launch_thread(codec: Codec) -> None:
+    """Session 12: the engine inherited a prepare that only captured graphs (it has none), so it did nothing."""
+    stand_in = _ThreadRecordingStandIn()
+    engine = NvcompEngine(64 * B, device="cpu", workers=2, codec=codec, batch_codec=stand_in)
+    try:
+        engine.prepare(B, codec)
+        threads = {t for t, _, _ in stand_in.seen}
+        assert len(threads) == 2 and threading.get_ident() not in threads  # each launch thread, not the caller
+        for t in threads:
+            assert {(op, n) for u, op, n in stand_in.seen if u == t} == {("encode", B), ("decode", B)}
+        assert engine.prepared_for == (B, codec)
+        # prepared, the engine still serves: a request after the warm-up round-trips
+        text = (b"served after the warm-up " * 200)[:B]
+        engine.arena.view[32 * B : 33 * B] = text
+        ((used, clen, crc),) = asyncio.run(engine.run([(Op.COMPRESS, codec, 32 * B, B, 33 * B, B, 0)]))
+        asyncio.run(engine.run([(Op.DECOMPRESS, used, 33 * B, clen, 34 * B, B, crc)]))
+        assert bytes(engine.arena.view[34 * B : 35 * B]) == text
+    finally:
+        engine.close()
+
+
+def test_prepare_refuses_an_engine_whose_round_trip_is_wrong() -> None:
+    engine = NvcompEngine(64 * B, device="cpu", workers=1, batch_codec=_ThreadRecordingStandIn(garble=True))
+    try:
+        with pytest.raises(BackendUnavailable, match="warm-up round trip"):
+            engine.prepare(B, Codec.LZ4)
     finally:
         engine.close()

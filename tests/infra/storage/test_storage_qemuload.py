@@ -24,6 +24,9 @@ def test_qemu_img_load_fills_verifies_and_measures_every_system(tmp_path: Path) 
     assert all(r["fill_verified"] == 1.0 for r in rows)  # every export read back bit-exact through qemu-img
     assert by["forward"]["fill_ratio"] == 1.0 and by["inline"]["fill_ratio"] > 1.5  # zlib shrinks text; raw does not
     assert all(r["read_mb_s"] > 0 and r["write_const_mb_s"] > 0 and r["read_cpu_s_per_gb"] >= 0 for r in rows)
+    # the GPU engine's host time per batch by step, from its final report; the CPU tiers time no steps
+    assert by["torch"]["step_upload_cpu_us"] >= 0 and by["torch"]["step_device_wall_us"] >= 0
+    assert not any(k.startswith("step_") for k in by["inline"])
 
 
 def test_several_clients_fill_slices_of_front_end_servers_pinned_to_cores(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ from carina.infra.storage.codecs import (
 )
 from carina.infra.storage.graphs import GraphRunner
 from carina.infra.storage.rowcopy import RowMover, runs_of
+from carina.infra.storage.stepclock import StepClock
 from carina.infra.storage.zvcbatch import host_crc32, read_back
 
 __all__ = ["BatchCodec", "NVCOMP_ALGORITHMS", "NvcompBatcher", "NvcompCodecs"]
@@ -146,6 +147,7 @@ class NvcompBatcher:
         # no CUDA graphs here: capturing next to nvCOMP calls on other launch threads failed on the H200
         # (cudaErrorStreamCaptureUnsupported, then an illegal memory access), so these steps run eagerly
         self.graphs = GraphRunner(max_bytes=0)
+        self.clock = StepClock()  # where a batch's host time goes: nvCOMP's calls apart (the engine reports it)
         self.device = device
         self.codecs = codecs
         self.device_crc = device != "cpu"
@@ -169,11 +171,13 @@ class NvcompBatcher:
         n = len(jobs)
         if not n:
             return []
-        a = job_table(jobs)
-        out = np.zeros((n, 3), dtype=np.int64)
-        take, length = self._plan(a)
-        idx = np.flatnonzero(take)
-        for k, group in job_groups(idx, (a[idx, 0] << 48) | (a[idx, 1] << 40) | length[idx]):
+        with self.clock.step("plan"):
+            a = job_table(jobs)
+            out = np.zeros((n, 3), dtype=np.int64)
+            take, length = self._plan(a)
+            idx = np.flatnonzero(take)
+            groups = job_groups(idx, (a[idx, 0] << 48) | (a[idx, 1] << 40) | length[idx])
+        for k, group in groups:
             op, codec, ln = k >> 48, Codec((k >> 40) & 0xFF), k & ((1 << 40) - 1)
             try:
                 out[group] = self._group(a[group], op, codec, ln, stream)
@@ -182,8 +186,10 @@ class NvcompBatcher:
                 out[group] = run_jobs(self.mv, [jobs[i] for i in group.tolist()])
         rest = np.flatnonzero(~take).tolist()
         if rest:
-            out[rest] = run_jobs(self.mv, [jobs[i] for i in rest])
-        return cast(list[Result], list(map(tuple, out.tolist())))
+            with self.clock.step("cpu"):
+                out[rest] = run_jobs(self.mv, [jobs[i] for i in rest])
+        with self.clock.step("scatter"):
+            return cast(list[Result], list(map(tuple, out.tolist())))
 
     def _group(self, a: np.ndarray, op: int, codec: Codec, length: int, stream: Any) -> np.ndarray:
         """Jobs of one operation, codec and block length: upload, codec call, CRCs, download; ``(n, 3)`` results."""
@@ -191,42 +197,51 @@ class NvcompBatcher:
 
         from carina.infra.storage.crc import row_crc32
 
-        runs = runs_of(a[:, 2], a[:, 4], length)
-        crc = row_crc32(length, self.device) if self.device_crc else host_crc32
+        clock = self.clock
+        with clock.step("plan"):
+            runs = runs_of(a[:, 2], a[:, 4], length)
+            crc = row_crc32(length, self.device) if self.device_crc else host_crc32
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
-            rows = torch.empty((len(a), length), dtype=torch.uint8, device=self.device)
-            self.mover.upload(rows, runs, length)
+            with clock.step("upload"):
+                rows = torch.empty((len(a), length), dtype=torch.uint8, device=self.device)
+                self.mover.upload(rows, runs, length)
             if op == Op.COMPRESS:
                 blocks, res = self._compress(rows, codec, crc, stream)
             else:
                 blocks, res = self._decompress(rows, a, codec, crc, stream)
-            scatter = self.mover.download(blocks, runs, length)
-            out = read_back(res)
-        scatter()
+            with clock.step("download"):
+                scatter = self.mover.download(blocks, runs, length)
+                out = read_back(res)
+        with clock.step("scatter"):
+            scatter()
         return out
 
     def _compress(self, rows: Any, codec: Codec, crc: Any, stream: Any) -> tuple[Any, Any]:
         """Stored bytes (compressed, or the block itself when that is no smaller) and ``(codec, size, crc)``."""
         length = rows.shape[1]
-        packed, sizes = self.codecs.encode(rows, codec, stream)
+        with self.clock.step("codec"):
+            packed, sizes = self.codecs.encode(rows, codec, stream)
         step = functools.partial(_stored_step, codec=int(codec), crc=crc)
-        stored, res = self.graphs(("nvcomp-stored", length), step, (rows, packed[:, :length], sizes), stream=stream)
-        return stored, res
+        with self.clock.step("device"):
+            return self.graphs(("nvcomp-stored", length), step, (rows, packed[:, :length], sizes), stream=stream)
 
     def _decompress(self, rows: Any, a: np.ndarray, codec: Codec, crc: Any, stream: Any) -> tuple[Any, Any]:
         """Blocks (zero where the check failed) and ``(codec, length or error, crc)`` of each stored row."""
         import torch
 
         length = rows.shape[1]
-        meta = torch.from_numpy(np.ascontiguousarray(a[:, [3, 6]])).to(rows.device, non_blocking=True)
-        rows, same = self.graphs(("nvcomp-check", length), functools.partial(_check_step, crc=crc), (rows, meta),
-                                 stream=stream)  # fmt: skip
-        blocks, got = self.codecs.decode(rows, a[:, 3].tolist(), codec, stream)
-        good = same & (got == length)
-        status = torch.where(same, torch.where(good, length, ERR_CORRUPT), ERR_CHECKSUM)
-        codes = torch.full_like(status, int(codec))
-        return blocks * good.unsqueeze(1), torch.stack([codes, status, torch.where(good, meta[:, 1], 0)], 1)
+        with self.clock.step("device"):
+            meta = torch.from_numpy(np.ascontiguousarray(a[:, [3, 6]])).to(rows.device, non_blocking=True)
+            rows, same = self.graphs(("nvcomp-check", length), functools.partial(_check_step, crc=crc), (rows, meta),
+                                     stream=stream)  # fmt: skip
+        with self.clock.step("codec"):
+            blocks, got = self.codecs.decode(rows, a[:, 3].tolist(), codec, stream)
+        with self.clock.step("device"):
+            good = same & (got == length)
+            status = torch.where(same, torch.where(good, length, ERR_CORRUPT), ERR_CHECKSUM)
+            codes = torch.full_like(status, int(codec))
+            return blocks * good.unsqueeze(1), torch.stack([codes, status, torch.where(good, meta[:, 1], 0)], 1)
 
 
 def _stored_step(rows: Any, packed: Any, sizes: Any, *, codec: int, crc: Any) -> tuple[Any, Any]:

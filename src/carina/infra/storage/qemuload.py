@@ -240,6 +240,22 @@ def _load_block(cfg: QemuLoadConfig, servers: list[_Server], image: Path) -> lis
     return list(rows.values())
 
 
+def step_times(ends: list[dict[str, Any]], batches: int) -> dict[str, float]:
+    """A GPU engine's host time per batch by step (:mod:`.stepclock`), over all front ends and loads.
+
+    ``step_<name>_wall_us`` and ``step_<name>_cpu_us``: the step's wall and launch-thread CPU microseconds, summed
+    over the front ends' reports and divided by their batches (``{}`` for engines that time no steps).
+    """
+    names = sorted({k[len("engine_step_") : -len("_wall_s")] for f in ends for k in f
+                    if k.startswith("engine_step_") and k.endswith("_wall_s")})  # fmt: skip
+    out = {}
+    for name in names:
+        for kind in ("wall", "cpu"):
+            total = sum(float(f.get(f"engine_step_{name}_{kind}_s", 0.0)) for f in ends)
+            out[f"step_{name}_{kind}_us"] = total / max(batches, 1) * 1e6
+    return out
+
+
 def run_qemu_load(cfg: QemuLoadConfig, image: Path, *, work: Path, on_block: Any = None) -> list[dict[str, Any]]:
     """Every system at every block size (all servers started at once); one row per system and block.
 
@@ -270,6 +286,7 @@ def run_qemu_load(cfg: QemuLoadConfig, image: Path, *, work: Path, on_block: Any
                 row["engine_jobs_per_batch"] = jobs / max(batches, 1)
                 # warm-up before "ready", outside every timed load (the slowest front end's)
                 row["engine_prepare_s"] = max(float(f.get("engine_prepare_s", 0.0)) for f in ends)
+                row.update(step_times(ends, batches))
             rows += got
             if on_block is not None:
                 on_block(rows)

@@ -57,6 +57,7 @@ class TorchEngine(PayloadEngine):
         self.device = device
         self.workers = self.pieces = workers
         self._batcher: Any = self._make_batcher()
+        self._clock = self._batcher.clock  # kept past close(): the final report is made after it
         self._local = threading.local()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="carina-torch-codec")
         self._pool.submit(self._warm_up).result()
@@ -134,6 +135,15 @@ class TorchEngine(PayloadEngine):
                 with contextlib.suppress(Exception):  # a warm-up batch may fail its checks; its graphs are made
                     self._run_piece(jobs)
             rows *= 2
+
+    def prepare(self, block_size: int, codec: Codec) -> None:
+        """:meth:`PayloadEngine.prepare`; the warm-up's batches are then dropped from the step times."""
+        super().prepare(block_size, codec)
+        self._clock.reset()
+
+    def report(self) -> dict[str, Any]:
+        """The base report and where the launch threads' batches spent their time (:mod:`.stepclock`)."""
+        return {**super().report(), **self._clock.report()}
 
     def _stream(self) -> Any:
         """This launch thread's CUDA stream (``None`` on the CPU)."""

@@ -39,6 +39,7 @@ from carina.infra.storage.blockcodec import (
 )
 from carina.infra.storage.graphs import GraphRunner
 from carina.infra.storage.rowcopy import RowMover, runs_of
+from carina.infra.storage.stepclock import StepClock
 from carina.infra.storage.zvc import pack_rows, unpack_rows
 
 __all__ = ["ZvcBatcher", "host_crc32", "read_back", "run_zvc_jobs"]
@@ -65,6 +66,7 @@ class ZvcBatcher:
         self.host = torch.from_numpy(self.arena)
         self.mover = RowMover(self.arena, self.host)
         self.graphs = GraphRunner()
+        self.clock = StepClock()  # where a batch's host time goes (the engine reports it)
         self.device = device
         self.raw_reads = raw_reads
         self.device_crc = device != "cpu" if device_crc is None else device_crc
@@ -90,19 +92,23 @@ class ZvcBatcher:
         n = len(jobs)
         if not n:
             return []
-        a = job_table(jobs)
-        out = np.zeros((n, 3), dtype=np.int64)
-        take, length = self._plan(a)
-        idx = np.flatnonzero(take)
-        for k, group in job_groups(idx, a[idx, 0] * (1 << 40) + length[idx]):
+        with self.clock.step("plan"):
+            a = job_table(jobs)
+            out = np.zeros((n, 3), dtype=np.int64)
+            take, length = self._plan(a)
+            idx = np.flatnonzero(take)
+            groups = job_groups(idx, a[idx, 0] * (1 << 40) + length[idx])
+        for k, group in groups:
             out[group] = self._group(a[group], int(k >> 40), int(k & ((1 << 40) - 1)), stream)
         rest = np.flatnonzero(~take)
         bad = rest[a[rest, 1] == Codec.ZVC]
         out[bad] = (int(Codec.ZVC), ERR_CORRUPT, 0)
         other = rest[a[rest, 1] != Codec.ZVC].tolist()
         if other:
-            out[other] = run_cpu_jobs(self.mv, [jobs[i] for i in other])
-        return cast(list[Result], list(map(tuple, out.tolist())))
+            with self.clock.step("cpu"):
+                out[other] = run_cpu_jobs(self.mv, [jobs[i] for i in other])
+        with self.clock.step("scatter"):
+            return cast(list[Result], list(map(tuple, out.tolist())))
 
     def _group(self, a: np.ndarray, op: int, length: int, stream: Any) -> np.ndarray:
         """Jobs of one operation and block length: upload, kernels, download; ``(n, 3)`` results."""
@@ -110,22 +116,28 @@ class ZvcBatcher:
 
         from carina.infra.storage.crc import row_crc32
 
-        runs = runs_of(a[:, 2], a[:, 4], length)
-        crc = row_crc32(length, self.device) if self.device_crc else host_crc32
+        clock = self.clock
+        with clock.step("plan"):
+            runs = runs_of(a[:, 2], a[:, 4], length)
+            crc = row_crc32(length, self.device) if self.device_crc else host_crc32
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
-            rows = torch.empty((len(a), length), dtype=torch.uint8, device=self.device)
-            self.mover.upload(rows, runs, length)
-            if op == Op.COMPRESS:
-                blocks, res = self.graphs(("zvc-pack", length), functools.partial(_pack_step, crc=crc), (rows,),
-                                          stream=stream)  # fmt: skip
-            else:
-                meta = torch.from_numpy(np.ascontiguousarray(a[:, [1, 3, 6]])).to(self.device, non_blocking=True)
-                blocks, res = self.graphs(("zvc-unpack", length), functools.partial(_unpack_step, crc=crc),
-                                          (rows, meta), stream=stream)  # fmt: skip
-            scatter = self.mover.download(blocks, runs, length)
-            out = read_back(res)
-        scatter()
+            with clock.step("upload"):
+                rows = torch.empty((len(a), length), dtype=torch.uint8, device=self.device)
+                self.mover.upload(rows, runs, length)
+            with clock.step("device"):
+                if op == Op.COMPRESS:
+                    blocks, res = self.graphs(("zvc-pack", length), functools.partial(_pack_step, crc=crc), (rows,),
+                                              stream=stream)  # fmt: skip
+                else:
+                    meta = torch.from_numpy(np.ascontiguousarray(a[:, [1, 3, 6]])).to(self.device, non_blocking=True)
+                    blocks, res = self.graphs(("zvc-unpack", length), functools.partial(_unpack_step, crc=crc),
+                                              (rows, meta), stream=stream)  # fmt: skip
+            with clock.step("download"):
+                scatter = self.mover.download(blocks, runs, length)
+                out = read_back(res)
+        with clock.step("scatter"):
+            scatter()
         return out
 
 

@@ -1,0 +1,64 @@
+"""Where a GPU engine's launch thread spends a batch: wall and thread-CPU seconds per named step.
+
+Session 12 on the H200 left the GPU path's host cost per batch as one number
+(server CPU per GB, minus what the front end costs without a codec): about
+1.2 ms more per batch than ``forward`` for the torch engine, 10-57 ms round
+trips for nvCOMP, with nothing to say which step takes it. The batchers time
+their steps with a :class:`StepClock` (``plan``: job table, grouping, runs;
+``upload``; ``device``: graph replays or eager steps; ``codec``: nVIDIA
+nvCOMP's calls; ``download``: the copy back and the wait for the stream;
+``scatter``: results back into the arena and into Python tuples). Wall time
+minus thread CPU time is time the thread slept (a blocking wait, the GIL);
+with CUDA's spinning waits the two are alike. The engine's report carries the
+sums (``engine_step_<name>_{wall,cpu}_s`` and ``..._n``) to the benchmark rows::
+
+    clock = StepClock()
+    with clock.step("upload"):
+        mover.upload(rows, runs, length)
+    clock.report()   # {"engine_step_upload_wall_s": ..., "engine_step_upload_cpu_s": ..., "engine_step_upload_n": 1}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+__all__ = ["StepClock"]
+
+
+class StepClock:
+    """Sums of wall and thread-CPU seconds, and counts, per step name; safe to use from several threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums: dict[str, list[float]] = {}
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Time the ``with`` block as step ``name`` (in the calling thread's CPU time)."""
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+            with self._lock:
+                acc = self._sums.setdefault(name, [0.0, 0.0, 0.0])
+                acc[0] += wall
+                acc[1] += cpu
+                acc[2] += 1
+
+    def reset(self) -> None:
+        """Forget everything timed so far (an engine's warm-up is not a batch a client asked for)."""
+        with self._lock:
+            self._sums.clear()
+
+    def report(self) -> dict[str, float]:
+        """``engine_step_<name>_wall_s``, ``..._cpu_s`` and ``..._n`` (times the step ran) for every step."""
+        out: dict[str, float] = {}
+        with self._lock:
+            for name, (wall, cpu, n) in sorted(self._sums.items()):
+                out |= {f"engine_step_{name}_wall_s": wall, f"engine_step_{name}_cpu_s": cpu,
+                        f"engine_step_{name}_n": n}  # fmt: skip
+        return out
