@@ -18,6 +18,7 @@
 #   torch-bsync-feFE, nvcomp-bsync-feFE  the GPU engines with --cuda-wait block (launch threads sleep in their
 #                 waits instead of spinning on the front ends' cores); only with BSYNC=1 (session 8 measured them:
 #                 no gain in MB/s, see docs/infra.storage.md), left out by default
+# CODECS (default "lz4 deflate"): the codecs whose fe_<codec> steps run, in that order.
 # GPU_WORKERS (default 1): launch threads per GPU front end, so batches in flight per front end. Session 12 found
 #   nvCOMP bound by its call's round trip (the same requests/s with 1 front end as with 4); GPU_WORKERS=2 tells
 #   whether two calls in flight per front end double that (a round trip) or not (the GPU serialises them).
@@ -72,7 +73,7 @@ GPU="torch-fe$FE"; [ "$NVCOMP" = 1 ] && GPU="nvcomp-fe$FE,torch-fe$FE"
 if [ "${BSYNC:-0}" = 1 ]; then GPU="$GPU,torch-bsync-fe$FE"; [ "$NVCOMP" = 1 ] && GPU="$GPU,nvcomp-bsync-fe$FE"; fi
 SYSTEMS="$GPU,inline,inline-fe$FE,process,forward-fe$FE"
 PIN=(--server-cpus "$SERVER_CPUS" --client-cpus "$CLIENT_CPUS" --clients "$FE" --workers "$FE")
-for codec in lz4 deflate; do
+for codec in ${CODECS:-lz4 deflate}; do
   if [ -z "$QEMU" ]; then echo "== fe_$codec: SKIPPED (no qemu-img)"; continue; fi
   if [ "$codec" = lz4 ] && ! "$PYTHON" -c "import lz4.block" 2>/dev/null; then
     echo "== fe_lz4: SKIPPED (lz4 not importable)"; continue
