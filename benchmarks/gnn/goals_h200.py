@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from goals_h200_text import CAUSES, goal_rows, status_rows, status_rows_s11
+from goals_h200_s11 import status_rows_s11
+from goals_h200_text import CAUSES, goal_rows, status_rows
 from outofcore_record import TOLERANCE, count_within, measured_stage, stage_check
 
 from carina.core.bench import Basis, Figure, make_record, write_record

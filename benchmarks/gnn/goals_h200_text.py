@@ -17,7 +17,7 @@ def _ms(x: float) -> str:
     return f"{x:.1f} ms"
 
 
-def _verdict(ok: bool | None) -> str:
+def verdict(ok: bool | None) -> str:
     return "not measured" if ok is None else ("met" if ok else "not met")
 
 
@@ -50,7 +50,7 @@ def _g2_cause_igb(g2: dict[str, Any]) -> str:
     )
 
 
-def _span(r: dict[str, float]) -> str:
+def span(r: dict[str, float]) -> str:
     """A ratio range over the in-memory runs, to three places (0.897 is not 0.9)."""
     return f"{min(r.values()):.3f}-{max(r.values()):.3f}x"
 
@@ -66,7 +66,7 @@ def _g2_cause_sampler(g2: dict[str, Any]) -> str:
         f"own) at {_ms(c['sample_plan_ms'])} a batch, against {_ms(mem['sample_plan_ms'])} in memory "
         f"({_ms(mem['batch_ms'])} batches); the IO thread {_ms(c['read_ms'])}, the step {_ms(c['train_ms'])} "
         f"({_ms(mem['train_ms'])} in memory). The {o['host_path']} path ran {_ms(ol['batch_ms'])} batches "
-        f"({_span(o['ratios'])} in-memory; sampler thread {_ms(ol['sample_plan_ms'])}, IO thread "
+        f"({span(o['ratios'])} in-memory; sampler thread {_ms(ol['sample_plan_ms'])}, IO thread "
         f"{_ms(ol['read_ms'])}). The model priced the two paths within {abs(pd / pc - 1):.1%} ({pc:.0f} cpu, "
         f"{pd:.0f} device seeds/s) and in memory at {pn['in-memory']:.0f}: it has no term for the sampler "
         "slowing down beside the cache's work, and the record does not separate why it does (its timers are "
@@ -83,8 +83,8 @@ def _g2_row(ds: str, g2: dict[str, Any], session: str = "s9") -> dict[str, str]:
     if "other_path" in g2:
         o = g2["other_path"]
         measured = (
-            f"carina@1 ({g2['host_path']} path) {_span(r)} in-memory ({g2['carina@1']:.0f} seeds/s), "
-            f"{o['host_path']} path {_span(o['ratios'])} ({o['seeds_per_s']:.0f}; in-memory "
+            f"carina@1 ({g2['host_path']} path) {span(r)} in-memory ({g2['carina@1']:.0f} seeds/s), "
+            f"{o['host_path']} path {span(o['ratios'])} ({o['seeds_per_s']:.0f}; in-memory "
         )
     best = max(hi, max(g2["other_path"]["ratios"].values()) if "other_path" in g2 else hi)
     by_dataset = _g2_cause_papers if ds == "papers" else _g2_cause_igb
@@ -96,7 +96,7 @@ def _g2_row(ds: str, g2: dict[str, Any], session: str = "s9") -> dict[str, str]:
         "measured": measured
         + " / ".join(f"{v:.0f}" for v in g2["in_memory"].values())
         + f"); IO/compute predicted {g2['condition_recorded']['io_over_device']:.2f} (recorded), {cond:.2f} (now)",
-        "verdict": _verdict(best >= 0.9) if applies else "not met (condition does not hold: IO-bound)",
+        "verdict": verdict(best >= 0.9) if applies else "not met (condition does not hold: IO-bound)",
         "cause": cause,
     }
 
@@ -137,7 +137,7 @@ def _g5_row(ds: str, sc: dict[str, Any], cause: str) -> dict[str, str]:
         f"own-timer pairs (read stage, batch) {rec['within_own']} recorded, {run['within_own']} with the in-run "
         f"rates, of {run['own']}; predicted/measured with the in-run rates "
         + ", ".join(f"{k} {v}" for k, v in spread.items()),
-        "verdict": _verdict(run["within"] == run["pairs"]),
+        "verdict": verdict(run["within"] == run["pairs"]),
         "cause": cause,
     }
 
@@ -151,7 +151,7 @@ def _g6_row(ds: str, g6: dict[str, Any], cause: str) -> dict[str, str]:
         "measured": f"{r['picked']} {r['ratio']:.2f}x {r['best_measured']} ("
         + ", ".join(f"{k.removeprefix('carina').strip()} {v:.0f}" for k, v in r["measured"].items())
         + " seeds/s)",
-        "verdict": _verdict(r["ratio"] >= 0.9),
+        "verdict": verdict(r["ratio"] >= 0.9),
         "cause": cause if r["ratio"] < 0.9 else "",
     }
 
@@ -181,7 +181,7 @@ def goal_rows(
                 "target": "+-15%",
                 "measured": f"predicted {pm['predicted']:.0f}, measured "
                 + " / ".join(f"{v:.0f}" for v in pm["measured"].values()),
-                "verdict": _verdict(all(abs(pm["predicted"] / v - 1) <= TOL for v in pm["measured"].values())),
+                "verdict": verdict(all(abs(pm["predicted"] / v - 1) <= TOL for v in pm["measured"].values())),
                 "cause": causes.get("mem", ""),
             }
         )
@@ -226,7 +226,7 @@ CAUSES: dict[str, dict[str, str]] = {
 }
 
 
-def _per_dataset(ok: dict[str, bool]) -> str:
+def per_dataset(ok: dict[str, bool]) -> str:
     """``met``, ``not met`` or ``met on <datasets>, not on <datasets>``."""
     yes, no = [LABEL[d] for d, v in ok.items() if v], [LABEL[d] for d, v in ok.items() if not v]
     if not no:
@@ -250,7 +250,7 @@ def _g2_status(metrics: dict[str, Any], rec: str) -> dict[str, str]:
         "target": "0.9x",
         "best": f"papers-like carina@1 {best('papers', p)}; IGB-like {best('igb', i)}",
         "record": rec,
-        "verdict": _per_dataset(met) if met else "condition holds on neither dataset",
+        "verdict": per_dataset(met) if met else "condition holds on neither dataset",
         "cause": "papers-like: the device lane (sampler, lookup, copies and step on one stream), not the host gather "
         f"({p['measured_lanes']['carina@1']['read_ms']:.1f} of {p['measured_lanes']['carina@1']['batch_ms']:.1f} ms); "
         f"IGB-like: the IO thread's CPU gather of the host hits ({i['measured_lanes']['carina@1']['read_ms']:.1f} of "
@@ -274,32 +274,57 @@ def _g3_status(metrics: dict[str, Any], rec: str, s8: dict[str, float]) -> dict[
         f"{sum(abs(x - 1) <= TOL for x in over)}), all {min(ratios):.2f}-{max(ratios):.2f}x{above}; "
         f"s8: {sum(abs(x - 1) <= TOL for x in s8_g3)} of {len(s8_g3)} (overlapped)",
         "record": f"{rec}, gnn_goals_h200_s8",
-        "verdict": _verdict(within == len(ratios)),
+        "verdict": verdict(within == len(ratios)),
         "cause": f"the runs issued {lo:.0f}-{hi:.0f}k IOs/s a batch; the calibration's IOPS came from 16,384 reads, "
         "and the same batches read faster in later runs" + ("; carina is not below the bound" if above else ""),
     }
 
 
-def status_rows(metrics: dict[str, Any], s8: dict[str, float], rec: str) -> list[dict[str, str]]:
-    """One row per benchmark goal of issue #8, across both H200 sessions; verdicts from the numbers."""
+def g4_status(s8: dict[str, float]) -> dict[str, str]:
+    """The mmap and synchronous-reads goal, from session 8's goals record (the only run of both peers)."""
     g4 = {k: v for k, v in s8.items() if ".G4." in k}
     g4_goal = {"mmap": 3.0, "sync-reads": 1.5}
-    stage = {ds: metrics[ds]["stage_checks"] for ds in ("papers", "igb")}
-    rp = {ds: metrics[ds]["recommended"]["recorded"]["ratio"] for ds in ("papers", "igb")}
+    return {
+        "goal": ">= 3x mmap and >= 1.5x synchronous reads at the same cache budget",
+        "target": "3x, 1.5x",
+        "best": "carina@0.5 over: "
+        + ", ".join(f"{LABEL[k.split('.')[0]]} {k.split('_over_')[1]} {v:.2f}x" for k, v in g4.items()),
+        "record": "gnn_goals_h200_s8",
+        "verdict": verdict(all(v >= g4_goal[k.split("_over_")[1]] for k, v in g4.items()) if g4 else None),
+        "cause": "",
+    }
+
+
+def mem_status(metrics: dict[str, Any], rec: str) -> dict[str, str]:
+    """The model's in-memory throughput against the in-memory runs, per dataset."""
     mem = {ds: metrics[ds]["in_memory_model"] for ds in ("papers", "igb")}
     mem_ok = {ds: all(abs(m["predicted"] / v - 1) <= TOL for v in m["measured"].values()) for ds, m in mem.items()}
+    return {
+        "goal": "model: in-memory throughput",
+        "target": "+-15%",
+        "best": "; ".join(
+            f"{LABEL[ds]} {m['predicted']:.0f} predicted vs " + " / ".join(f"{v:.0f}" for v in m["measured"].values())
+            for ds, m in mem.items()
+        ),
+        "record": rec,
+        "verdict": per_dataset(mem_ok),
+        "cause": "; ".join(
+            f"the in-memory runs of the {LABEL[ds]} record differ by "
+            f"{max(m['measured'].values()) / min(m['measured'].values()) - 1:.0%}"
+            for ds, m in mem.items()
+            if not mem_ok[ds]
+        ),
+    }
+
+
+def status_rows(metrics: dict[str, Any], s8: dict[str, float], rec: str) -> list[dict[str, str]]:
+    """One row per benchmark goal of issue #8, across both H200 sessions; verdicts from the numbers."""
+    stage = {ds: metrics[ds]["stage_checks"] for ds in ("papers", "igb")}
+    rp = {ds: metrics[ds]["recommended"]["recorded"]["ratio"] for ds in ("papers", "igb")}
     return [
         _g2_status(metrics, rec),
         _g3_status(metrics, rec, s8),
-        {
-            "goal": ">= 3x mmap and >= 1.5x synchronous reads at the same cache budget",
-            "target": "3x, 1.5x",
-            "best": "carina@0.5 over: "
-            + ", ".join(f"{LABEL[k.split('.')[0]]} {k.split('_over_')[1]} {v:.2f}x" for k, v in g4.items()),
-            "record": "gnn_goals_h200_s8",
-            "verdict": _verdict(all(v >= g4_goal[k.split("_over_")[1]] for k, v in g4.items()) if g4 else None),
-            "cause": "",
-        },
+        g4_status(s8),
         {
             "goal": "stage-time predictions within +-15% of measured",
             "target": "every stage",
@@ -310,7 +335,7 @@ def status_rows(metrics: dict[str, Any], s8: dict[str, float], rec: str) -> list
                 for ds, v in stage.items()
             ),
             "record": rec,
-            "verdict": _per_dataset(
+            "verdict": per_dataset(
                 {ds: v["now_in_run_rates"]["within"] == v["now_in_run_rates"]["pairs"] for ds, v in stage.items()}
             ),
             "cause": "sample, transfer and compute timers run on the CPU around one shared CUDA stream (they "
@@ -323,95 +348,11 @@ def status_rows(metrics: dict[str, Any], s8: dict[str, float], rec: str) -> list
             "target": "0.9x",
             "best": f"IGB-like {rp['igb']:.2f}x, papers-like {rp['papers']:.2f}x",
             "record": rec,
-            "verdict": _per_dataset({ds: r >= 0.9 for ds, r in rp.items()}),
+            "verdict": per_dataset({ds: r >= 0.9 for ds, r in rp.items()}),
             "cause": "papers-like: the configurations were predicted within 4% of each other and measured "
             "within the disk's drift between runs (the pick ran first)"
             if rp["papers"] < 0.9
             else "",
         },
-        {
-            "goal": "model: in-memory throughput",
-            "target": "+-15%",
-            "best": "; ".join(
-                f"{LABEL[ds]} {m['predicted']:.0f} predicted vs "
-                + " / ".join(f"{v:.0f}" for v in m["measured"].values())
-                for ds, m in mem.items()
-            ),
-            "record": rec,
-            "verdict": _per_dataset(mem_ok),
-            "cause": "; ".join(
-                f"the in-memory runs of the {LABEL[ds]} record differ by "
-                f"{max(m['measured'].values()) / min(m['measured'].values()) - 1:.0%}"
-                for ds, m in mem.items()
-                if not mem_ok[ds]
-            ),
-        },
+        mem_status(metrics, rec),
     ]
-
-
-def status_rows_s11(metrics: dict[str, Any], earlier: dict[str, dict[str, float]], rec: str) -> list[dict[str, str]]:
-    """The status across the H200 sessions after session 11's lane: its goals, G4 from s8, IGB-like G3 at 50%
-    from s9 (``earlier``: the figures of ``gnn_goals_h200_s8`` and ``gnn_goals_h200_s9`` by record name)."""
-    s8, s9 = earlier["gnn_goals_h200_s8"], earlier["gnn_goals_h200_s9"]
-    g2 = {ds: metrics[ds]["g2"] for ds in ("papers", "igb")}
-    applies = {ds: g["condition_now"]["io_over_device"] <= 0.8 for ds, g in g2.items()}
-    best = {ds: max(*g["ratios"].values(), *g["other_path"]["ratios"].values()) for ds, g in g2.items()}
-    bound = metrics["papers"]["disk_bound"]
-    ratios = {k: v["additive"] / v["batch_s"] for k, v in bound.items()}
-    within = sum(abs(x - 1) <= TOL for x in ratios.values())
-    igb9 = s9["igb.G3.carina@0.5_over_disk_bound"]
-    stage = {ds: metrics[ds]["stage_checks"]["recorded"] for ds in ("papers", "igb")}
-    rp = {ds: metrics[ds]["recommended"]["recorded"] for ds in ("papers", "igb")}
-    rows = status_rows(metrics, s8, rec)  # G4 (s8) and the in-memory model row as in s9
-    rows[0] = {
-        "goal": rows[0]["goal"],
-        "target": "0.9x",
-        "best": "; ".join(
-            f"{LABEL[ds]} carina@1 ({g['host_path']} path, the pick) {_span(g['ratios'])}, "
-            f"{g['other_path']['host_path']} path {_span(g['other_path']['ratios'])} (IO/compute "
-            f"{g['condition_now']['io_over_device']:.2f} predicted)"
-            for ds, g in g2.items()
-        ),
-        "record": rec,
-        "verdict": _per_dataset({ds: best[ds] >= 0.9 for ds, a in applies.items() if a}),
-        "cause": "the sampler thread (sampling and the cache lookup, on its own stream) is the bound: "
-        + "; ".join(
-            f"{LABEL[ds]} {g['measured_lanes']['carina@1']['sample_plan_ms']:.1f} ms a batch with the cache "
-            f"against {g['measured_lanes']['in-memory']['sample_plan_ms']:.1f} in memory"
-            for ds, g in g2.items()
-        )
-        + "; the IO thread and the step are not (the model has no term for the sampler's slowdown)",
-    }
-    rows[1] = {
-        "goal": rows[1]["goal"],
-        "target": "0.85-1.15x",
-        "best": f"s11 papers-like: {within} of {len(ratios)} runs within ("
-        + ", ".join(f"{k.removeprefix('carina').strip()} {x:.2f}x" for k, x in ratios.items())
-        + f", additive form); IGB-like at 50% not run in s11, s9: {igb9:.2f}x",
-        "record": f"{rec}, gnn_goals_h200_s9",
-        "verdict": _verdict(within == len(ratios) and abs(igb9 - 1) <= TOL),
-        "cause": "papers-like: the first run (the pick) read the same batches slower than its repeat at the end "
-        "(read stage 959.7 against 726.0 ms a call); IGB-like (s9): faster than the calibrated bound",
-    }
-    rows[3] = {
-        "goal": rows[3]["goal"],
-        "target": "every stage",
-        "best": "; ".join(
-            f"{LABEL[ds]} {v['within']}/{v['pairs']} (own-timer {v['within_own']}/{v['own']})"
-            for ds, v in stage.items()
-        ),
-        "record": rec,
-        "verdict": _per_dataset({ds: v["within"] == v["pairs"] for ds, v in stage.items()}),
-        "cause": "sample and transfer are CPU times around queued GPU work (sample under-predicted, 0.12-0.45x; "
-        "transfer sees the queuing of asynchronous copies and gathers); compute within 15% on every run",
-    }
-    rows[4] = {
-        "goal": rows[4]["goal"],
-        "target": "0.9x",
-        "best": ", ".join(f"{LABEL[ds]} {r['ratio']:.2f}x (at {r['budget']:g} cache)" for ds, r in rp.items()),
-        "record": rec,
-        "verdict": _per_dataset({ds: r["ratio"] >= 0.9 for ds, r in rp.items()}),
-        "cause": "papers-like: the pick's first run (run first) was 31% slower than its repeat, which came within "
-        "1% of the best; IGB-like: the model picked the device path, the cpu path ran 7% faster",
-    }
-    return rows
