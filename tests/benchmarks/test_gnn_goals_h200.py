@@ -6,6 +6,7 @@ reports. A change to the model moves these numbers: update them with the reason,
 in docs/gnn.md.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "gnn"))
 
 import goals_h200  # noqa: E402
 import goals_h200_text  # noqa: E402
+from goals_h200_s11 import status_rows_s11  # noqa: E402
 
 from carina.gnn.diskcost import PAGE  # noqa: E402
 
@@ -148,3 +150,14 @@ def test_g2_verdict_is_computed_from_the_ratios():
     assert goals_h200_text._g2_row("papers", g2, "s11")["verdict"] == "not met"
     g2["condition_now"] = {"io_over_device": 0.9}
     assert "condition does not hold" in goals_h200_text._g2_row("papers", g2, "s11")["verdict"]
+
+
+def test_the_s11_status_rows_come_from_the_committed_metrics():
+    """goals_h200_s11 rebuilds the committed s11 record's status table from its own metrics: no figure typed in."""
+    cpu = REPO / "benchmarks" / "results" / "cpu"
+    rec = json.loads((cpu / "gnn_goals_h200_s11.json").read_text())
+    earlier = {
+        name: {f["name"]: f["value"] for f in json.loads((cpu / f"{name}.json").read_text())["figures"]}
+        for name in ("gnn_goals_h200_s8", "gnn_goals_h200_s9")
+    }
+    assert status_rows_s11(rec["metrics"], earlier, "gnn_goals_h200_s11") == rec["metrics"]["status"]
