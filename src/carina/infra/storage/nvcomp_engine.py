@@ -16,7 +16,6 @@ by the CPU engines and the other way round. Where nvCOMP cannot run,
 from __future__ import annotations
 
 import importlib.util
-import threading
 from typing import Any
 
 from carina.core.errors import BackendUnavailable
@@ -110,19 +109,15 @@ class NvcompEngine(TorchEngine):
         span = rows * block_size
         pattern = bytes(range(256)) * (-(-span // 256))
         self.arena.view[:span] = pattern[:span]
-        gate = threading.Barrier(self.workers)  # one task per launch thread: each makes its own codec objects
-        tasks = [self._pool.submit(self._warm_thread, gate, k, block_size, codec) for k in range(self.workers)]
-        for task in tasks:
-            task.result()
+        self._on_each_launch_thread(self._warm_thread, block_size, codec)  # each makes its own codec objects
 
     #: Blocks in each launch thread's warm-up batch.
     warm_rows = 2
 
-    def _warm_thread(self, gate: threading.Barrier, k: int, block_size: int, codec: Codec) -> None:
+    def _warm_thread(self, k: int, block_size: int, codec: Codec) -> None:
         """Launch thread ``k``: compress the pattern at arena offset 0 into its own region, decompress it back."""
         b, span = block_size, self.warm_rows * block_size
         out, back = (1 + 2 * k) * span, (2 + 2 * k) * span
-        gate.wait(60)
         pack: list[Job] = [(Op.COMPRESS, codec, i * b, b, out + i * b, b, 0) for i in range(self.warm_rows)]
         stored = self._run_piece(pack)
         unpack: list[Job] = [(Op.DECOMPRESS, used, out + i * b, size, back + i * b, b, crc)

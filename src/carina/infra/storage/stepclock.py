@@ -7,7 +7,8 @@ trips for nvCOMP, with nothing to say which step takes it. The batchers time
 their steps with a :class:`StepClock` (``plan``: job table, grouping, runs;
 ``upload``; ``device``: graph replays or eager steps; ``codec``: nVIDIA
 nvCOMP's calls; ``download``: the copy back and the wait for the stream;
-``scatter``: results back into the arena and into Python tuples). Wall time
+``scatter``: results back into the arena and into Python tuples, timed once
+per group and once per batch; ``cpu``: jobs a batcher leaves to the CPU codecs). Wall time
 minus thread CPU time is time the thread slept (a blocking wait, the GIL);
 with CUDA's spinning waits the two are alike. The engine's report carries the
 sums (``engine_step_<name>_{wall,cpu}_s`` and ``..._n``) to the benchmark rows::

@@ -114,17 +114,28 @@ class TorchEngine(PayloadEngine):
 
     def _prepare(self, block_size: int, codec: Codec) -> None:
         """On CUDA: capture every launch thread's graphs for ``block_size`` now, not in the first requests."""
-        if not self.cuda:
-            return
-        gate = threading.Barrier(self.workers)  # one task per launch thread: each captures its own graphs
-        for f in [self._pool.submit(self._prepare_thread, gate, block_size, codec) for _ in range(self.workers)]:
+        if self.cuda:
+            self._on_each_launch_thread(self._prepare_thread, block_size, codec)
+
+    def _on_each_launch_thread(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(k, *args)`` once on each launch thread ``k`` (their stream, their objects), all at once.
+
+        A barrier holds each task until every launch thread has one, so no thread runs two; the first
+        failure is raised once all have ended.
+        """
+        gate = threading.Barrier(self.workers)
+
+        def task(k: int) -> None:
+            gate.wait(60)
+            fn(k, *args)
+
+        for f in [self._pool.submit(task, k) for k in range(self.workers)]:
             f.result()
 
-    def _prepare_thread(self, gate: threading.Barrier, block_size: int, codec: Codec) -> None:
+    def _prepare_thread(self, k: int, block_size: int, codec: Codec) -> None:
         """Run compress and decompress batches of every graph bucket through this thread's stream."""
         from carina.infra.storage.codecs import Op
 
-        gate.wait(60)
         runner = self._batcher.graphs
         rows, room = 1, self.arena.nbytes // (2 * block_size)
         while rows * block_size <= runner.max_bytes and rows <= room:
