@@ -7,7 +7,8 @@ import torch
 from carina.core.errors import ConfigError
 from carina.gnn.pipeline import FeaturePipeline
 from carina.gnn.sampler import SampledBatch
-from carina.testing.gnn import RecordingSideStream
+from carina.gnn.sidestream import StageEvents
+from carina.testing.gnn import FakeTimingEvents, RecordingSideStream
 
 
 class CountingSource:
@@ -154,3 +155,65 @@ def test_a_serial_pipeline_takes_no_side_stream():
     pipe = FeaturePipeline(_batches(3), CountingSource(), depth=1, side=side)
     assert pipe.side is None
     assert [b.index for b, _ in pipe] == [0, 1, 2] and side.events == []
+
+
+class _Clock:
+    """A clock the test drives: the sampler and the lookup advance it by known amounts."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _timed_run(complete, n=8):
+    """A pipelined run on a recording side stream, timed by fake events: each sample takes 2 ms, each lookup
+    5 ms on the clock; the waits on events seen by the consumer are noted per batch."""
+    clock = _Clock()
+    events = FakeTimingEvents(clock, complete=complete)
+
+    class Source(CountingSource):
+        def plan(self, n_id):
+            clock.now += 0.005
+            return super().plan(n_id)
+
+    def batches():
+        for b in _batches(n):
+            clock.now += 0.002
+            yield b
+
+    pipe = FeaturePipeline(batches(), Source(), depth=3, side=RecordingSideStream(), events=StageEvents(events))
+    waits_seen = [events.waits for _ in pipe]
+    return pipe, events, waits_seen
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_the_sampler_s_stages_are_timed_on_its_stream_without_waiting_in_the_run(complete):
+    pipe, events, waits_seen = _timed_run(complete)
+    assert waits_seen == [0] * 8  # no event is waited for while the batches flow
+    calls = pipe.device_calls()
+    assert calls["sample"] == pytest.approx([0.002] * 8) and calls["plan"] == pytest.approx([0.005] * 8)
+    # completed events were read as they came; held-back ones are waited for at the end, one per pair
+    assert events.waits == (0 if complete else 16)
+    assert events.made == 3 * 8 + 1  # before and after each stage, and one before the end of the batches
+
+
+def test_stage_events_read_only_completed_pairs_until_finished():
+    events = FakeTimingEvents(_Clock(), complete=False)
+    timer = StageEvents(events)
+    a, b = timer.stamp(), timer.stamp()
+    timer.add("sample", a, b)
+    events.complete = True
+    c = timer.stamp()
+    timer.add("plan", b, c)  # the head pair has completed now: both are read, in order
+    assert timer.finish() == {"sample": [0.0], "plan": [0.0]} and events.waits == 0
+
+
+@pytest.mark.parametrize("depth,side", [(1, True), (3, False)])
+def test_no_device_timing_without_the_sampler_s_own_stream(depth, side):
+    events = FakeTimingEvents()
+    stream = RecordingSideStream() if side else None
+    pipe = FeaturePipeline(_batches(4), CountingSource(), depth=depth, side=stream, events=StageEvents(events))
+    assert len(list(pipe)) == 4
+    assert pipe.events is None and pipe.device_calls() == {} and events.made == 0

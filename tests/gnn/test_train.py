@@ -3,9 +3,11 @@ import torch
 
 from carina.gnn.cache import CacheConfig, HotnessSource
 from carina.gnn.hostpath import HostGather
-from carina.gnn.runner import Compare, RunConfig, run_training, train_once
+from carina.gnn.runner import Compare, RunConfig, build_cache, run_training, train_once
 from carina.gnn.sampler import NeighborSampler
+from carina.gnn.store import OutOfCoreFeatures
 from carina.gnn.train import GNN, InMemoryFeatures, ModelKind, TrainConfig, train_step
+from carina.io import IOEngine
 from carina.testing.gnn import InMemoryFeatureStore
 
 
@@ -152,3 +154,31 @@ def test_on_cuda_the_sampler_s_own_stream_changes_no_loss(small_dataset, host_ga
         assert report.losses_equal is True
         losses[own] = report.out_of_core["losses"]
     assert losses[True] == losses[False] and len(losses[True]) == epoch > 1
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_sampler_s_device_times_are_positive_and_within_the_run(small_dataset):
+    """CUDA events on the sampler's stream time each batch's sample and cache lookup (out of core, a cache on
+    the GPU and the host): every span is positive, and the spans, one after another on one thread, add up to
+    less than the epoch's wall time."""
+    cfg = _cfg(batches=0)
+    cfg.device = "cuda"
+    with IOEngine(cfg.io) as engine:
+        store = OutOfCoreFeatures(small_dataset, engine=engine, device="cuda", config=cfg.store)
+        store.attach_cache(build_cache(small_dataset, cfg, store))
+        res = train_once(small_dataset, cfg, store)
+        store.close()
+    calls = res.device_calls
+    assert len(calls["sample"]) == len(calls["plan"]) == res.batches > 1
+    assert min(calls["sample"]) > 0 and min(calls["plan"]) > 0
+    assert sum(calls["sample"]) + sum(calls["plan"]) < res.wall_s
+    one_stream = _cfg(batches=0)
+    one_stream.device = "cuda"
+    one_stream.train.sample_stream = False
+    feats = InMemoryFeatures(small_dataset.read_all_features(), device="cuda")
+    assert train_once(small_dataset, one_stream, feats).device_calls == {}
+
+
+def test_on_the_cpu_no_device_times_are_taken(small_dataset):
+    res = train_once(small_dataset, _cfg(batches=3), InMemoryFeatures(small_dataset.read_all_features()))
+    assert res.batches == 3 and res.device_calls == {}

@@ -8,7 +8,9 @@ memory stays bounded however slow the consumer is; :attr:`max_in_flight`
 records the highest count seen, which tests hold to the bound. ``depth=1`` runs
 the stages one after another (the serial baseline) through the same code. With
 ``side`` (a :mod:`carina.gnn.sidestream`), the sampler thread issues its device
-work on a stream of its own and hands each batch over to the caller's stream::
+work on a stream of its own and hands each batch over to the caller's stream, and with ``events``
+(a :class:`carina.gnn.sidestream.StageEvents`) it also times its sample and cache lookup on that
+stream in device time (:meth:`FeaturePipeline.device_calls`, after the run)::
 
     pipe = FeaturePipeline(sampler.batches(train_idx, 1024), store, depth=3)
     for batch, x in pipe:
@@ -29,7 +31,7 @@ import torch
 
 from carina.core.errors import ConfigError
 from carina.gnn.sampler import SampledBatch
-from carina.gnn.sidestream import SideStream, tensors_in
+from carina.gnn.sidestream import SideStream, StageEvents, tensors_in
 
 __all__ = ["FeaturePipeline", "FeatureSource", "StageTimes"]
 
@@ -99,6 +101,8 @@ class FeaturePipeline:
             wait for a read ahead it will not use.
         side: The sampler thread's own stream (None: the sampler's work goes on the stream
             current in its thread, the device's default one). Unused when ``depth`` is 1.
+        events: Device timing of the sampler's stages on ``side`` (None: none). Unused without
+            ``side``: on the device's stream the span would take in the step's work too.
     """
 
     def __init__(
@@ -109,12 +113,14 @@ class FeaturePipeline:
         depth: int = 3,
         deadline: float = 0.0,
         side: SideStream | None = None,
+        events: StageEvents | None = None,
     ) -> None:
         if depth < 1:
             raise ConfigError("pipeline depth must be >= 1", key="depth")
         self.depth = depth
         self.deadline = deadline
         self.side = side if depth > 1 else None
+        self.events = events if self.side is not None else None
         self._reads = 0
         self.times = StageTimes()
         self.max_in_flight = 0
@@ -163,6 +169,13 @@ class FeaturePipeline:
             t.join()
         self._threads = []
 
+    def device_calls(self) -> dict[str, list[float]]:
+        """Device seconds of each sampler stage per call (``sample``, ``plan``), in order.
+
+        ``{}`` without ``events``. Waits for the sampler's last events: call it after the run.
+        """
+        return self.events.finish() if self.events is not None else {}
+
     def _serial(self) -> Iterator[tuple[SampledBatch, torch.Tensor]]:
         while True:
             self._acquire_slot()
@@ -205,18 +218,24 @@ class FeaturePipeline:
             self._ready.put(exc)
 
     def _sample_loop(self) -> None:
-        side = self.side
+        side, ev = self.side, self.events
         with side.context() if side is not None else contextlib.nullcontext():
             while not self._stop.is_set():
                 if not self._acquire_slot():
                     return
+                e0 = ev.stamp() if ev is not None else None
                 t0 = time.perf_counter()
                 batch = next(self._batches, None)
                 if batch is None:
                     self._planned.put(_STOP)
                     return
                 self.times.add("sample", time.perf_counter() - t0)
+                e1 = ev.stamp() if ev is not None else None
                 plan = self._timed("plan", self._source.plan, batch.n_id)
+                if ev is not None and e0 is not None and e1 is not None:  # read lazily: no wait (StageEvents)
+                    e2 = ev.stamp()
+                    ev.add("sample", e0, e1)
+                    ev.add("plan", e1, e2)
                 self._planned.put((batch, plan, side.mark() if side is not None else None))
 
     def _read_loop(self) -> None:

@@ -19,18 +19,34 @@ the losses, are bit for bit the same.
 CPU tensors have no streams (a CPU run takes no side stream); :class:`SideStream` is a protocol
 so the pipeline's hand-over order is tested on the CPU with a recording stand-in
 (:class:`carina.testing.gnn.RecordingSideStream`).
+
+:class:`StageEvents` times the sampler's stages on its stream in device time: an event is recorded
+before the sample, between the sample and the cache lookup, and after the lookup, and the elapsed
+times are read lazily (a pair is read once its end event has completed, polled without waiting;
+the rest at the end of the run), so the timing adds no wait to the sampler's loop. What a pair
+measures is the stream's span from the first event to the second: the stage's kernels and any
+gap in which the stream waited for the sampler thread to issue the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CudaSideStream", "SideStream", "tensors_in", "side_stream"]
+__all__ = [
+    "CudaSideStream",
+    "SideStream",
+    "StageEvents",
+    "TimingEvent",
+    "cuda_stage_events",
+    "side_stream",
+    "tensors_in",
+]
 
 
 class SideStream(Protocol):
@@ -83,6 +99,70 @@ def side_stream(device: torch.device | str, enabled: bool = True) -> CudaSideStr
     if not enabled or device.type != "cuda":
         return None
     return CudaSideStream(device)
+
+
+class TimingEvent(Protocol):
+    """What :class:`StageEvents` needs from an event (``torch.cuda.Event(enable_timing=True)``)."""
+
+    def record(self) -> None:
+        """Record on the calling thread's current stream."""
+
+    def query(self) -> bool:
+        """Whether the work before the event has completed (does not wait)."""
+
+    def synchronize(self) -> None:
+        """Wait for the work before the event."""
+
+    def elapsed_time(self, end: Any, /) -> float:
+        """Milliseconds from this event to ``end`` (both completed)."""
+
+
+class StageEvents:
+    """Device time of named stages from pairs of events, read one completed pair at a time.
+
+    :meth:`stamp` records a new event on the current stream; :meth:`add` files a pair under a stage
+    and reads every pending pair whose end has completed (``query``, no wait); :meth:`finish` waits
+    for the rest (call it after the run) and returns each stage's seconds per call, in order.
+
+    Args:
+        new_event: Makes an unrecorded timing event.
+    """
+
+    def __init__(self, new_event: Callable[[], TimingEvent]) -> None:
+        self._new_event = new_event
+        self._pending: list[tuple[str, TimingEvent, TimingEvent]] = []
+        self._done: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def stamp(self) -> TimingEvent:
+        """A new event recorded on the calling thread's current stream."""
+        event = self._new_event()
+        event.record()
+        return event
+
+    def add(self, stage: str, start: TimingEvent, end: TimingEvent) -> None:
+        """File the pair ``start``-``end`` under ``stage``; read the pairs that have completed."""
+        with self._lock:
+            self._pending.append((stage, start, end))
+            while self._pending and self._pending[0][2].query():
+                self._read(*self._pending.pop(0))
+
+    def finish(self) -> dict[str, list[float]]:
+        """Wait for the pending pairs; each stage's device seconds per call, in the order filed."""
+        with self._lock:
+            for stage, start, end in self._pending:
+                end.synchronize()
+                self._read(stage, start, end)
+            self._pending = []
+            return {k: list(v) for k, v in self._done.items()}
+
+    def _read(self, stage: str, start: TimingEvent, end: TimingEvent) -> None:
+        self._done.setdefault(stage, []).append(start.elapsed_time(end) / 1e3)
+
+
+def cuda_stage_events() -> StageEvents:
+    """:class:`StageEvents` of CUDA timing events."""
+    return StageEvents(lambda: torch.cuda.Event(enable_timing=True))
 
 
 def tensors_in(obj: Any, _depth: int = 4) -> Iterator[torch.Tensor]:

@@ -25,7 +25,7 @@ import torch
 from carina.core.config import Config, require
 from carina.gnn.pipeline import FeaturePipeline, FeatureSource
 from carina.gnn.sampler import NeighborSampler, SampledBatch
-from carina.gnn.sidestream import side_stream
+from carina.gnn.sidestream import cuda_stage_events, side_stream
 
 __all__ = [
     "EpochResult",
@@ -173,6 +173,7 @@ class EpochResult:
     stage_n: dict[str, int] = field(default_factory=dict)
     stage_calls: dict[str, list[float]] = field(default_factory=dict)
     train_calls: list[float] = field(default_factory=list)
+    device_calls: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def seeds_per_s(self) -> float:
@@ -198,7 +199,8 @@ def train_epoch(
     t0 = time.perf_counter()
     deadline = t0 + cfg.time_limit_s if cfg.time_limit_s else 0.0
     side = side_stream(device, cfg.sample_stream) if cfg.pipeline_depth > 1 else None
-    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth, deadline=deadline, side=side)
+    events = cuda_stage_events() if side is not None else None
+    pipe = FeaturePipeline(batches, source, depth=cfg.pipeline_depth, deadline=deadline, side=side, events=events)
     losses: list[float] = []
     seeds = edges = 0
     train_calls: list[float] = []
@@ -227,6 +229,7 @@ def train_epoch(
         stage_n=pipe.times.as_counts(),
         stage_calls=pipe.times.as_calls(),
         train_calls=train_calls,
+        device_calls=pipe.device_calls(),  # after the wall time: it waits for the sampler's last events
     )
 
 

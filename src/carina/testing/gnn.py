@@ -8,6 +8,9 @@
 * :class:`RecordingSideStream` stands in for the sampler's CUDA stream
   (:mod:`carina.gnn.sidestream`) on a machine without one: it records what the
   pipeline does with the stream, so the hand-over order is tested on the CPU.
+* :class:`FakeTimingEvents` makes fake CUDA timing events for
+  :class:`carina.gnn.sidestream.StageEvents`: times from a clock the test drives,
+  completion held back on request, every wait counted.
 * :func:`fake_topology` returns multi-GPU machines that cannot exist on a test
   host; every plan or figure computed on them is **simulated** and says so
   (``Topology.simulated`` is ``True``).
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +29,8 @@ import torch
 from torch_geometric.data import FeatureStore, TensorAttr
 
 __all__ = [
+    "FakeTimingEvent",
+    "FakeTimingEvents",
     "FeatureStoreTests",
     "InMemoryFeatureStore",
     "RecordingSideStream",
@@ -302,3 +308,53 @@ class RecordingSideStream:
         """Log the hand-over with the ids of the tensors kept alive."""
         with self._lock:
             self.events.append(("hand_over", token, frozenset(id(t) for t in tensors)))
+
+
+class FakeTimingEvents:
+    """Makes fake timing events (a stand-in for ``torch.cuda.Event(enable_timing=True)`` on the CPU).
+
+    An event takes ``clock()`` (seconds) when recorded. With ``complete=False`` no event has
+    completed (``query`` is False) until it is waited for (``synchronize``); reading the time of
+    an event that has not completed raises, as CUDA does. :attr:`waits` counts the waits.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, *, complete: bool = True) -> None:
+        self.clock = clock
+        self.complete = complete
+        self.waits = 0
+        self.made = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> FakeTimingEvent:
+        with self._lock:
+            self.made += 1
+        return FakeTimingEvent(self)
+
+
+class FakeTimingEvent:
+    """One fake timing event of :class:`FakeTimingEvents`."""
+
+    def __init__(self, owner: FakeTimingEvents) -> None:
+        self.owner = owner
+        self.at: float | None = None
+        self.waited = False
+
+    def record(self) -> None:
+        """Take the owner's clock now."""
+        self.at = self.owner.clock()
+
+    def query(self) -> bool:
+        """Completed: always when the owner says so, else once waited for."""
+        return self.owner.complete or self.waited
+
+    def synchronize(self) -> None:
+        """Wait (counted); the event has completed after it."""
+        with self.owner._lock:
+            self.owner.waits += 1
+        self.waited = True
+
+    def elapsed_time(self, end: FakeTimingEvent, /) -> float:
+        """Milliseconds from this event to ``end``; both recorded, ``end`` (the later one) completed."""
+        if self.at is None or end.at is None or not end.query():
+            raise RuntimeError("elapsed_time of an event not recorded or not completed")
+        return (end.at - self.at) * 1e3
