@@ -30,7 +30,13 @@ first), so only the systems under test read the file; ``--run-seconds`` time-box
 ``--deadline-s`` skips what no longer fits and the record is rewritten after every system, so a
 step killed by its timeout keeps what finished. ``--peer-seed-offset`` gives mmap and sync-reads
 batches of their own (no shared disk cache with carina's); their rows are checked against the
-generator instead of the in-memory run.
+generator instead of the in-memory run. ``--warm-read-batches N`` reads N batches' rows (batches of
+their own seed) from the file before the first timed system, untimed (``metrics.warm_read``): on the
+H200 in session 12 the first disk-bound run read slower than the same batches at the end.
+
+Each run records its sampler thread's milliseconds a batch (``sample_cpu_ms``, ``lookup_cpu_ms``:
+CPU time around queued work; ``sample_device_ms``, ``lookup_device_ms``: CUDA events on the
+sampler's own stream, None on the CPU or with the sampler on the device's stream).
 
 ``--preset igb-like``: 1024-d fp32 features (one 4 KiB page per row), Chung-Lu power law with IGB-HOM's
 average degree (3.87e9 / 2.693e8 = 14.4) and 19 classes; the exponent 2.3 is our assumption.
@@ -58,6 +64,7 @@ from outofcore_peers import (
     generator_fetch,
     measure,
     measure_boxed,
+    warm_read,
 )
 from outofcore_record import write
 
@@ -108,6 +115,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--run-seconds", type=float, default=0.0, help="time box of each system's epoch (0: none)")
     ap.add_argument("--deadline-s", type=float, default=0.0, help="stop starting systems past this (0: none)")
     ap.add_argument("--peer-seed-offset", type=int, default=0, help="sampler seed offset of mmap and sync-reads")
+    ap.add_argument(
+        "--warm-read-batches",
+        type=int,
+        default=0,
+        help="read this many batches' features (batches of their own) before the first timed system, untimed",
+    )
     ap.add_argument(
         "--host-gather",
         choices=["model", "auto", "cpu", "device"],
@@ -393,6 +406,9 @@ def main() -> None:
     with IOEngine(IOConfig(queue_depth=128, workers=8)) as eng:
         # priority order: a deadline cuts the tail, so the comparisons the issue asks for come first
         bench.feature_check(eng)
+        if bench.args.warm_read_batches > 0:  # the disk's ramp before the first timed system (metrics.warm_read)
+            bench.extra["warm_read"] = warm_read(bench.ds, bench.cfg, eng, bench.args.warm_read_batches)
+            bench.save()
         bench.guard("in-memory", bench.in_memory)
         if "one-stream" not in bench.skip and bench.args.device.startswith("cuda"):
             bench.guard("in-memory one-stream", lambda: bench.in_memory("in-memory one-stream", sample_stream=False))

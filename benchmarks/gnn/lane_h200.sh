@@ -1,41 +1,39 @@
 #!/usr/bin/env bash
 # carina.gnn device lane for one H200 (141 GB, 16 cores, 125 GB RAM, ~64 GB free virtio disk at ~1.5 GB/s,
-# PCIe ~54 GB/s). SESSION names the records (gnn_*_h200_$SESSION; default s11). The session-9 form of this
-# lane ran at a365d0c in session 10 (records gnn_outofcore_*_h200_s9, benchmarks/gnn/h200/s9/run.json);
-# this one measures what those records left open:
-#   * carina at 100% cache with the host path the cost model picks, and with the other one (the CPU gathers
-#     the host-cache hits on the IO thread, or the GPU reads them in place from the mapped pinned slice):
-#     s9 ran carina@1 at 0.69-0.75x (papers-like) and 0.56-0.66x (IGB-like) in-memory, the IGB-like run
-#     bound by the IO thread's CPU gather (56.9 of 61.2 ms a batch);
-#   * the sampler on a CUDA stream of its own (TrainConfig.sample_stream, new in s11: every run's default)
-#     against the s9 way, in-memory with the sampler on the device's stream (`in-memory one-stream`, run
-#     right after in-memory): s9's pipelined in-memory batch was the sum of sampler and step, not their max;
-#   * the recommended configuration again on papers-like (0.86x the best in s9; IGB-like met it, 0.94x):
-#     at 50% the model's pick, gap 0 (the best measured in s9 on both datasets) and no pipelining, then
-#     the pick again (s9: the pick ran first and the disk read the same batches 14-23% faster in later
-#     runs); gap x4 (predicted the slowest, measured in between in s9) is left out for time;
-#   * calibration with the fixes of session 10 (host gather into a reused output, the GPU's gather of
-#     mapped pinned rows at 512 B and 4 KiB, the disk-form probe recorded, 65,536 random reads) and
-#     bench_gather_rate (the old way against the new), per-call stage times (warm-up dropped).
+# PCIe ~54 GB/s). SESSION names the records (gnn_*_h200_$SESSION; default s13). The session-11 form of this
+# lane ran at acec381 in session 12 (records gnn_outofcore_*_h200_s11, benchmarks/gnn/h200/s11/run.json, 247 s of
+# the 390 s budget); this session-13 form runs the same systems and adds what those records left open:
+#   * the sampler thread's device time: every pipelined run now records sample_device_ms and lookup_device_ms
+#     (CUDA events on the sampler's own stream, read lazily: carina.gnn.sidestream.StageEvents) beside its CPU
+#     timers sample_cpu_ms and lookup_cpu_ms; s11's papers-like sample+lookup was 15.5 ms a batch with the
+#     cache at 100% against 8.8 in memory on the CPU's clock, which holds the waits for queued GPU work;
+#   * a warm-up read before the first timed papers-like system (--warm-read-batches WARM_A, batches of their
+#     own seed, untimed, metrics.warm_read): in s11 the pick ran first and its read stage took 959.7 ms a call
+#     against 726.0 ms for the same batches run again at the end;
+#   * as in s11: carina at 100% cache with the host path the cost model picks and with the other one, the
+#     sampler on its own stream against the device's (in-memory one-stream), at 50% the pick, gap 0 and no
+#     pipelining, then the pick again; calibration as in s11.
+# Dropped for room: bench_gather_rate (run in s12: gnn_gather_rate_h200_s11); gap x4 stays out (as in s11).
 # In-memory runs first and last; host-gather, zero-copy, mmap, sync-reads and the read path ran in s8/s9
 # and are left out. HARD BUDGET: BUDGET_S (default 390 s) + <= 8 s of summary: give the call 400 s.
 # Every step runs under `timeout`, each limit clipped to what is left (benchmarks/ckpt/budget_steps.sh: a
 # step with < 5 s left is skipped and logged); the papers-like steps leave RESERVE_IGB s for the IGB-like
 # ones, and bench_outofcore's --deadline-s skips systems that no longer fit (named in `skipped`).
-# Steps (s9's times in brackets):
-#   1. preflight; PyG importable, else installed from the carried .whl-gnn                     [15 s]
-#   2. calibrate, 512 MB scratch, queue depth 128                                     (<=30 s)  [7 s]
-#   3. bench_gather_rate (fresh against reused output)                                (<=10 s)  [-]
-#   4. prepare papers-like, 2^26 nodes, 128-d fp32 (32 GiB + 4.5 GB topology)          (<=90 s) [54 s]
-#   5. bench papers-like [25,10] @ 8000: in-memory, carina@0.5, carina@1, the other host path at 1, gap 0
-#      and no pipelining at 0.5, the pick again, in-memory again; 6 s per system
-#      (rest - RESERVE_IGB, 140 s)                                                           [115 s]
-#   6. plan papers-like, 5.7 GB GPU + 11.5 GB host, no reserves                                     [1 s]
-#   7. delete papers-like, prepare IGB-like, 8M nodes, 1024-d fp32 (32 GiB)            (<=70 s) [40 s]
-#   8. bench IGB-like [15,10,5] @ 1024: in-memory, carina@1, the other host path, carina@1 again,
-#      in-memory again (100% is the peer budget here)                               (rest - 15 s) [138 s]
-#   9. plan IGB-like, the same memory
-#  10. the gpu-marked tests of the host paths, if >= 30 s are left and pytest is there        (<=25 s)
+# Steps (s11's times, from its log, in brackets):
+#   1. preflight; PyG importable, else installed from the carried .whl-gnn                        [11 s]
+#   2. calibrate, 512 MB scratch, queue depth 128                                     (<=30 s)  [6 s]
+#   3. prepare papers-like, 2^26 nodes, 128-d fp32 (32 GiB + 4.5 GB topology)          (<=90 s) [39 s]
+#   4. bench papers-like [25,10] @ 8000: a warm-up read of WARM_A (2) batches, then in-memory, in-memory
+#      one-stream, carina@0.5, carina@1, the other host path at 1, gap 0 and no pipelining at 0.5, the pick
+#      again, in-memory again; 6 s per system (rest - RESERVE_IGB, 140 s)                      [78 s + warm read]
+#   5. plan papers-like, 5.7 GB GPU + 11.5 GB host, no reserves                                    [<1 s]
+#   6. delete papers-like, prepare IGB-like, 8M nodes, 1024-d fp32 (32 GiB)            (<=70 s) [34 s]
+#   7. bench IGB-like [15,10,5] @ 1024: in-memory, in-memory one-stream, carina@1, the other host path,
+#      carina@1 again, in-memory again (100% is the peer budget here; no disk reads, no warm-up read)
+#                                                                                   (rest - 15 s) [40 s]
+#   8. plan IGB-like, the same memory
+#   9. the gpu-marked tests of the host paths and of the sampler's device times, if >= 30 s are left and
+#      pytest is there                                                                        (<=25 s) [17 s]
 # Records (JSON) go to $OUT/gnn/ as each step ends; log.txt has every step's output.
 # Usage (repository root): OUT=<dir> bash benchmarks/gnn/lane_h200.sh
 #   carry .whl-gnn (bash benchmarks/gnn/fetch_h200_carry.sh) in case the image lacks torch_geometric
@@ -46,7 +44,7 @@ DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 CARINA_RESULTS_DIR="$OUT/gnn"
 BUDGET_S=${BUDGET_S:-390}
-SESSION=${SESSION:-s11}
+SESSION=${SESSION:-s13}
 mkdir -p "$OUT/gnn"
 LOG="$OUT/gnn/log.txt"
 : >"$LOG"
@@ -59,10 +57,10 @@ status=0
 . benchmarks/ckpt/budget_steps.sh
 if [ "$DEVICE" = cpu ]; then
   TAG=cpu_$SESSION P_NODES=16384 P_SMALL=8192 I_NODES=4096 I_SMALL=2048 BATCH_A=256 BATCH_B=64 HIDDEN=32
-  CAL_MB=32 RUN_A=3 RUN_B=3 RESERVE_IGB=120 TRAIN_FRAC=0.25  # several batches per epoch at tiny sizes
+  CAL_MB=32 RUN_A=3 RUN_B=3 RESERVE_IGB=120 TRAIN_FRAC=0.25 WARM_A=1  # several batches per epoch at tiny sizes
 else
   TAG=${GPU_TAG:-h200}_$SESSION P_NODES=67108864 P_SMALL=33554432 I_NODES=8388608 I_SMALL=4194304 BATCH_A=8000
-  BATCH_B=1024 HIDDEN=256 CAL_MB=512 RUN_A=6 RUN_B=6 RESERVE_IGB=140 TRAIN_FRAC=0.01  # ~84 / ~82 batches
+  BATCH_B=1024 HIDDEN=256 CAL_MB=512 RUN_A=6 RUN_B=6 RESERVE_IGB=140 TRAIN_FRAC=0.01 WARM_A=2  # ~84 / ~82 batches
 fi
 MACHINE="$WORK/machine.json"
 B=benchmarks/gnn
@@ -84,7 +82,6 @@ grep -q "PYTHONPATH_ADD=/tmp/site-gnn" "$LOG" && export PYTHONPATH=$PYTHONPATH:/
 step calibrate 30 $PY -m carina gnn calibrate "$WORK" --device "$DEVICE" --size-mb "$CAL_MB" --queue-depth 128 \
   --out "$MACHINE"
 [ -f "$MACHINE" ] && cp "$MACHINE" "$OUT/gnn/machine_$TAG.json"
-step gather-rate 10 $PY $B/bench_gather_rate.py --name "gnn_gather_rate_$TAG"
 MOPT=()
 [ -f "$MACHINE" ] && MOPT=(--machine "$MACHINE")
 
@@ -104,14 +101,14 @@ dataset() {  # dataset DIR NODES SMALL LIMIT RESERVE EXTRA...: full size, else h
     prepare "$dir" "$small" $(( $(left) - reserve - 40 )) "$@"
   fi
 }
-bench() {  # bench NAME DATA FANOUTS BATCH RUN_S RESERVE BUDGETS PEER_BUDGET SKIP: the systems in one time-boxed run
-  local name=$1 data=$2 fanouts=$3 batch=$4 run_s=$5 reserve=$6 budgets=$7 pb=$8 skip=$9 lim
+bench() {  # bench NAME DATA FANOUTS BATCH RUN_S RESERVE BUDGETS PEER_BUDGET SKIP WARM: the systems in one time-boxed run
+  local name=$1 data=$2 fanouts=$3 batch=$4 run_s=$5 reserve=$6 budgets=$7 pb=$8 skip=$9 warm=${10} lim
   lim=$(( $(left) - reserve ))
   step "$name" "$lim" $PY $B/bench_outofcore.py --data "$data" --hidden "$HIDDEN" --warmup 1 --host-gather model \
     --budgets "$budgets" --skip "$skip" --peer-budget "$pb" --features-from generator --peer-seed-offset 1 \
     --device "$DEVICE" "${MOPT[@]}" --fanouts "$fanouts" --batch-size "$batch" --batches 20 \
     --run-seconds "$run_s" --deadline-s $(( lim - 25 )) --workload-out "$OUT/gnn/workload_${name}.json" \
-    --name "$name"
+    --warm-read-batches "$warm" --name "$name"
 }
 plan() {  # plan NAME GPU_GB HOST_GB: the cost model's plan from the workload the bench profiled
   local w="$OUT/gnn/workload_$1.json"
@@ -127,19 +124,21 @@ P_NAME="gnn_outofcore_papers_25x10_$TAG" I_NAME="gnn_outofcore_igb_15x10x5_$TAG"
 PEERS=mmap,sync-reads,host-gather,zero-copy
 dataset "$PAPERS" "$P_NODES" "$P_SMALL" 90 "$RESERVE_IGB" --dim 128 --avg-degree 15 --gamma 2.1 --classes 16
 if [ -f "$PAPERS/manifest.json" ]; then
-  bench "$P_NAME" "$PAPERS" 25,10 "$BATCH_A" "$RUN_A" "$RESERVE_IGB" 0.5,1.0 0.5 "$PEERS,ablations gap x4"
+  bench "$P_NAME" "$PAPERS" 25,10 "$BATCH_A" "$RUN_A" "$RESERVE_IGB" 0.5,1.0 0.5 "$PEERS,ablations gap x4" \
+    "$WARM_A"
   plan "$P_NAME" 5.7 11.5
 fi
 rm -rf "$PAPERS"
 dataset "$IGB" "$I_NODES" "$I_SMALL" 70 60 --dim 1024 --avg-degree 14.4 --gamma 2.3 --classes 19
 if [ -f "$IGB/manifest.json" ]; then
   bench "$I_NAME" "$IGB" 15,10,5 "$BATCH_B" "$RUN_B" 15 1.0 1.0 \
-    "$PEERS,ablations no-hole-coalescing,ablations gap x4,ablations no-pipelining"
+    "$PEERS,ablations no-hole-coalescing,ablations gap x4,ablations no-pipelining" 0
   plan "$I_NAME" 5.7 11.5
 fi
 rm -rf "$IGB"
 # the gpu-marked tests of the host paths (mapped pinned slice, bit-exact rows), with what is left
 GPU_TESTS="tests/gnn/test_store.py tests/memory/test_mapped.py tests/gnn/test_costmodel.py tests/gnn/test_train.py"
+# (test_train.py holds the gpu test of the sampler's device times: positive, and within the epoch's wall time)
 if [ "$DEVICE" != cpu ] && [ "$(left)" -ge 30 ] && $PY -c "import pytest, hypothesis" 2>/dev/null; then
   step gpu-tests 25 $PY -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS
 else
@@ -161,12 +160,20 @@ for p in sorted(out.glob(f"gnn_*_{tag}.json")):
         print(f"   {f['name']:44s} {f['value']:>14.4g} {f['unit']}")
     for k, v in m.get("systems", {}).items():
         print(f"   system {k:37s} {v['seeds_per_s']:>14.4g} seeds/s  ({v.get('rate_basis', '')[:60]})")
-    for k in ("skipped", "recommended_by_budget", "rows_exact_vs_generator", "file_matches_generator_on_4096_rows"):
+    for k in ("skipped", "warm_read", "recommended_by_budget", "rows_exact_vs_generator",
+              "file_matches_generator_on_4096_rows"):
         if m.get(k) is not None:
             print(f"   {k}: {json.dumps(m[k])[:300]}")
     sc = m.get("stage_check")
     if sc:
         print(f"   stage predictions within 15%: {sc['within']} of {sc['pairs']}, own-timer {sc.get('within_own')} of {sc.get('own')}")
+    runs = m.get("systems", {}) | {f"carina@{k}": v for k, v in m.get("carina", {}).items()}
+    runs |= {f"carina {k}": v for k, v in m.get("ablations", {}).items()}
+    ms = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    for k, v in runs.items():  # the sampler thread a batch: CPU clock | device (CUDA events on its stream)
+        if "sample_cpu_ms" in v:
+            print(f"   sampler ms {k:29s} sample {ms(v['sample_cpu_ms'])} | {ms(v['sample_device_ms'])}, "
+                  f"lookup {ms(v['lookup_cpu_ms'])} | {ms(v['lookup_device_ms'])}")
     for k, v in (m.get("carina", {}) | m.get("ablations", {})).items():
         print(f"   {k:30s} host gather {v.get('host_gather')}, predicted {v['predicted']['seeds_per_s']:.0f} seeds/s")
     cold = m.get("systems", {}).get("mmap", {}).get("cold")

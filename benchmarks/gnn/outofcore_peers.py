@@ -25,6 +25,7 @@ import torch
 from carina.gnn.dataset import PAGE, Dataset
 from carina.gnn.graph import node_features
 from carina.gnn.runner import RunConfig, train_once
+from carina.gnn.sampler import NeighborSampler
 from carina.gnn.store import OutOfCoreFeatures
 from carina.memory.mapped import mapped_view
 
@@ -216,6 +217,52 @@ class Checksummed:
         return x
 
 
+WARM_SEED_OFFSET = 1000  # the warm-up read's batches: none of the timed systems' (seed, seed + peer offset)
+
+
+def warm_read(ds: Dataset, cfg: RunConfig, engine: Any, batches: int) -> dict[str, Any]:
+    """Read ``batches`` batches' features from the file before any timed system (no system's clock runs).
+
+    Every row of each batch is read (no cache), with the IO engine the systems use; the batches are
+    sampled with a seed of their own (``seed + WARM_SEED_OFFSET``), so the disk (and any cache below it)
+    has not seen the timed systems' rows: what the first timed system gains is the disk's ramp, not its
+    rows read twice.
+    """
+    store = OutOfCoreFeatures(ds, engine=engine, device=cfg.device)
+    seed = cfg.train.seed + WARM_SEED_OFFSET
+    sampler = NeighborSampler(ds.graph, fanouts=cfg.train.fanouts, device=cfg.device, seed=seed)
+    done = rows = 0
+    t0 = time.perf_counter()
+    try:
+        for batch in sampler.batches(ds.train_idx, cfg.train.batch_size):
+            if done >= batches:
+                break
+            rows += int(store.read_rows(batch.n_id).shape[0])
+            done += 1
+    finally:
+        store.close()
+    return {"batches": done, "rows": rows, "seconds": time.perf_counter() - t0, "seed": seed}
+
+
+def _mean_ms(calls: list[float] | None, warmup: int) -> float | None:
+    if not calls:
+        return None
+    kept = calls[warmup:] or calls
+    return 1e3 * sum(kept) / len(kept)
+
+
+def sampler_ms(cpu: dict[str, list[float]], device: dict[str, list[float]], warmup: int) -> dict[str, float | None]:
+    """The sampler thread's milliseconds a batch, warm-up calls left out: its sample and cache lookup
+    (``plan``) on the CPU's clock (around queued work) and on the device's (CUDA events on the sampler's
+    own stream; None without one: on the CPU, or with the sampler on the device's stream)."""
+    return {
+        "sample_cpu_ms": _mean_ms(cpu.get("sample"), warmup),
+        "lookup_cpu_ms": _mean_ms(cpu.get("plan"), warmup),
+        "sample_device_ms": _mean_ms(device.get("sample"), warmup),
+        "lookup_device_ms": _mean_ms(device.get("plan"), warmup),
+    }
+
+
 def measure_boxed(ds: Dataset, cfg: RunConfig, source: Any, warmup: int, rows_per_batch: float) -> dict[str, Any]:
     """:func:`measure` for a slow peer with a ``clock``.
 
@@ -268,8 +315,13 @@ def measure(ds: Dataset, cfg: RunConfig, source: Any, warmup: int, *, verify: bo
         "check_s": src.check_s,
         "max_in_flight": res.max_in_flight,
         "warmup": warmup,
-        "calls": {**res.stage_calls, "train": res.train_calls, "check": src.check_calls},
-    }
+        "calls": {
+            **res.stage_calls,
+            "train": res.train_calls,
+            "check": src.check_calls,
+            **{f"{k}_device": v for k, v in res.device_calls.items()},
+        },
+    } | sampler_ms(res.stage_calls, res.device_calls, warmup)
     if src.verify is not None:
         out["rows_exact_vs_generator"] = src.exact
     return out

@@ -145,3 +145,35 @@ def test_recommended_per_budget_with_the_pick_run_again():
     assert rec["1"]["picked"] == "carina host-gather cpu@1" and rec["1"]["ratio"] == pytest.approx(0.9)
     alone = outofcore_record.recommended(_bench_with_alternatives(again=None))
     assert alone["ratio"] == pytest.approx(90 / 110)
+
+
+def test_sampler_ms_leaves_the_warm_up_out_and_has_no_device_time_without_events():
+    cpu = {"sample": [0.050, 0.004, 0.006], "plan": [0.010, 0.001, 0.003]}
+    got = outofcore_peers.sampler_ms(cpu, {}, warmup=1)
+    assert got["sample_cpu_ms"] == pytest.approx(5.0) and got["lookup_cpu_ms"] == pytest.approx(2.0)
+    assert got["sample_device_ms"] is None and got["lookup_device_ms"] is None
+    dev = outofcore_peers.sampler_ms(cpu, {"sample": [0.002], "plan": [0.001]}, warmup=1)
+    # fewer calls than the warm-up: every call counts
+    assert dev["sample_device_ms"] == pytest.approx(2.0) and dev["lookup_device_ms"] == pytest.approx(1.0)
+
+
+def test_warm_read_reads_every_row_of_batches_the_timed_runs_do_not_sample(tmp_path):
+    from carina.gnn.dataset import PrepareConfig, prepare
+    from carina.gnn.runner import RunConfig
+    from carina.gnn.sampler import NeighborSampler
+    from carina.gnn.train import TrainConfig
+    from carina.io import IOConfig, IOEngine
+
+    ds = prepare(PrepareConfig(num_nodes=2048, avg_degree=6, feature_dim=32, train_fraction=0.2, seed=2), tmp_path)
+    cfg = RunConfig(train=TrainConfig(fanouts=[5, 3], batch_size=32))
+    with IOEngine(IOConfig()) as eng:
+        got = outofcore_peers.warm_read(ds, cfg, eng, 3)
+    assert got["batches"] == 3 and got["seed"] == cfg.train.seed + outofcore_peers.WARM_SEED_OFFSET
+
+    def first(seed):
+        sampler = NeighborSampler(ds.graph, fanouts=cfg.train.fanouts, seed=seed)
+        return [b.n_id for _, b in zip(range(3), sampler.batches(ds.train_idx, 32), strict=False)]
+
+    warm, timed = first(got["seed"]), first(cfg.train.seed)
+    assert got["rows"] == sum(int(n.numel()) for n in warm)
+    assert not all(torch.equal(w, t) for w, t in zip(warm, timed, strict=True))
