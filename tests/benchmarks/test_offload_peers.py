@@ -132,6 +132,10 @@ def test_deepspeed_config_follows_the_docs():
     nvme = ds_config(RunSpec(system="deepspeed_zero_infinity", nvme_path="/nvme"), nvme=True)
     assert nvme["zero_optimization"]["offload_optimizer"]["device"] == "nvme"
     assert nvme["aio"]["queue_depth"] == 8 and nvme["aio"]["block_size"] == 1 << 20
+    # DeepSpeed asserts when a parameter outgrows the NVMe param buffer: the 7B shape's embedding is 131M elements
+    big = ds_config(RunSpec(system="deepspeed_zero_infinity", shape="7b", layers=16, nvme_path="/nvme"), nvme=True)
+    assert big["zero_optimization"]["offload_param"]["buffer_size"] == 32000 * 4096
+    assert nvme["zero_optimization"]["offload_param"]["buffer_size"] == int(1e8)
 
 
 def test_config_names_carry_the_layer_cut():

@@ -108,6 +108,9 @@ export PEERS_DS_PREFLIGHT="$DEST/offload_peers_${TAG:+${TAG}_}deepspeed_prefligh
 # 4. One harness run: every system on the same model, tokens and cap; the ideal and loss reference last.
 EXTRA=()
 [ "${NVME:-0}" = 1 ] && EXTRA=(--nvme-path "$NVME_DIR")
+# HARNESS_ARGS: more harness options, e.g. "--skip-ideal" for a rerun of some systems (the ideal is an earlier run's)
+# shellcheck disable=SC2206
+[ -n "${HARNESS_ARGS:-}" ] && EXTRA+=(${HARNESS_ARGS})
 SYSTEMS=${SYSTEMS:-}
 T=$(left); [ "$T" -lt 30 ] && T=30
 # shellcheck disable=SC2086

@@ -14,7 +14,18 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, n_params, resolve_device, split, timed_loop
+from workload import (
+    OPTIM,
+    RunResult,
+    RunSpec,
+    build_model,
+    cap_gpu,
+    host_rss_now,
+    n_params,
+    resolve_device,
+    split,
+    timed_loop,
+)
 
 
 def _autocast(device: str) -> Any:
@@ -77,6 +88,8 @@ def run_carina(spec: RunSpec) -> RunResult:
 
     device = resolve_device(spec.device)
     model = build_model(spec, device="cpu")
+    # where host memory goes, phase by phase (the s13 spill row's peak RSS passed the host budget)
+    rss = {"built": host_rss_now()}
     # carina plans within 90% of the cap (it keeps its own allocator headroom inside that).
     fraction = float(os.environ.get("PEERS_CARINA_PLAN_FRACTION", "0.9"))  # a diagnostic knob of this harness
     budget = int(fraction * spec.gpu_budget_gib * 2**30) if spec.gpu_budget_gib else None
@@ -95,10 +108,12 @@ def run_carina(spec: RunSpec) -> RunResult:
     if extra:
         cfg = co.OffloadConfig.from_dict({**cfg.to_dict(), **json.loads(extra)})
     model, opt = co.wrap(model, cfg, optimizer=torch.optim.AdamW(model.parameters(), **OPTIM))
+    rss["wrapped"] = host_rss_now()
     cap_gpu(spec, device)
     handle = co.handle_of(model)
     try:
         result = timed_loop(spec, _hf_step(model, opt, device), device)
+        rss["trained"] = host_rss_now()
     except torch.OutOfMemoryError:  # say which plan (or the profiling step) ran out, then fail as usual
         plan = handle.plan
         print(
@@ -115,6 +130,7 @@ def run_carina(spec: RunSpec) -> RunResult:
         # steps timed that were still carina's profiling steps (0 when warmup > profile_steps)
         "profiling_steps_timed": max(0, cfg.profile_steps - spec.warmup),
         "step_split": summarize(handle.step_times()[-spec.steps :]),
+        "host_rss_phases": rss,
     }
     return result
 

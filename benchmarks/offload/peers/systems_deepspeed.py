@@ -27,7 +27,11 @@ def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[st
     if not nvme:
         return {"device": "cpu", "pin_memory": True}, {"device": "cpu", "pin_memory": True}
     common = {"device": "nvme", "nvme_path": spec.nvme_path, "pin_memory": True}
-    param = common | {"buffer_count": 5, "buffer_size": int(1e8), "max_in_cpu": int(1e9)}
+    # The config reference: ``buffer_size`` must hold the largest parameter (the tutorial's 1e8 elements is
+    # under the 32000 x 4096 embedding: DeepSpeed asserts "More elements ... than buffer size", H100 s13).
+    cfg = llama_config(spec)
+    largest = max(cfg.vocab_size, cfg.intermediate_size) * cfg.hidden_size
+    param = common | {"buffer_count": 5, "buffer_size": max(int(1e8), largest), "max_in_cpu": int(1e9)}
     optim = common | {"buffer_count": 4, "pipeline_read": False, "pipeline_write": False, "fast_init": False}
     return param, optim
 
