@@ -68,11 +68,12 @@ def recommended_by_budget(bench: Any) -> dict[str, dict[str, Any]]:
 
 # predicted stage -> its measured seconds per batch. The sampler thread also plans each batch (cache
 # lookup, page runs): "sample" is compared with sample + plan, the lane the prediction stands for; the
-# model's sample plus its lookup (session 13 on; records before have no lookup stage: 0). "disk" is the read stage (the IO thread: disk reads, and the CPU gather of
-# the host hits on the cpu host path), "transfer" the assemble stage less the benchmark's own row checks
-# (copies to the device, and the device's gather of the host hits on the device path), "compute" the
-# training step. Per batch: the mean over the calls after the warm-up batches where the record has each
-# call (`calls`, since session 10), else a stage's total over the times it ran (records before).
+# model's sample plus its lookup (session 13 on; records before have no lookup stage: 0). "disk" is the
+# read stage (the IO thread: disk reads, and the CPU gather of the host hits on the cpu host path),
+# "transfer" the assemble stage less the benchmark's own row checks (copies to the device, and the
+# device's gather of the host hits on the device path), "compute" the training step. Per batch: the mean
+# over the calls after the warm-up batches where the record has each call (`calls`, since session 10),
+# else a stage's total over the times it ran (records before).
 _MEASURED: dict[str, tuple[tuple[str, ...], str | None]] = {
     "sample": (("sample", "plan"), None),
     "disk": (("read",), None),
