@@ -177,7 +177,7 @@ class StaticCache:
         back from pageable memory, and on the cpu path two more copies: five or seven waits.
         """
         n_id = n_id.to(self.device)
-        s = self.slot[n_id]
+        s = self.slot.index_select(0, n_id)
         host = s <= -2
         miss = s == MISS
         tier = host.to(torch.int64) + 2 * miss.to(torch.int64)  # 0 GPU, 1 host, 2 miss
