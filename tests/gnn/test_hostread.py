@@ -146,6 +146,17 @@ def test_lookup_reads_the_host_twice(graph, host_on_device):
     assert dict(syncs.ops) == {"host_ints": 1, "to_host": 1}
 
 
+def test_lookup_and_sample_of_nothing(graph):
+    """An empty batch splits into empty tiers; a frontier whose neighbours are all labelled adds no node."""
+    lk = _cache(graph.num_nodes, 100, 100).lookup(torch.zeros(0, dtype=torch.int64))
+    assert all(getattr(lk, f.name).numel() == 0 for f in dataclasses.fields(CacheLookup))
+    sampler = NeighborSampler(graph, fanouts=[-1], seed=0)
+    assert sampler._new_nodes(torch.zeros(0, dtype=torch.int64)).numel() == 0
+    everyone = torch.arange(graph.num_nodes)
+    b = NeighborSampler(graph, fanouts=[-1, -1, -1], seed=0).sample(everyone)
+    assert b.num_sampled_nodes == [graph.num_nodes, 0, 0, 0] and torch.equal(b.n_id, everyone)
+
+
 # -- the counter itself --------------------------------------------------------------------------
 def test_the_counter_sees_each_kind_of_host_read():
     x = torch.arange(10)
