@@ -40,7 +40,15 @@ from outofcore_record import TOLERANCE, count_within, measured_stage, stage_chec
 
 from carina.core.bench import Basis, Figure, make_record, write_record
 from carina.gnn.calibrate import uva_fit
-from carina.gnn.costmodel import MachineSpec, Overlap, Prediction, WorkloadProfile, predict, recommend
+from carina.gnn.costmodel import (
+    MachineSpec,
+    Overlap,
+    Prediction,
+    WorkloadProfile,
+    predict,
+    predict_in_memory,
+    recommend,
+)
 from carina.gnn.diskcost import PAGE, disk_seconds
 from carina.gnn.hostpath import HostGather
 
@@ -175,7 +183,8 @@ def recorded_checks(rec: dict) -> dict[str, dict[str, Any]]:
 def lanes_of(stages: dict[str, float]) -> dict[str, float]:
     """The IO thread's and the device's seconds per batch from predicted stages (sampler on the device)."""
     io = stages.get("disk", 0.0) + stages.get("gather", 0.0)
-    device = stages["sample"] + stages["transfer"] + stages.get("device_gather", 0.0) + stages["compute"]
+    sampler = stages["sample"] + stages.get("lookup", 0.0)
+    device = sampler + stages["transfer"] + stages.get("device_gather", 0.0) + stages["compute"]
     return {"io": io, "device": device, "io_over_device": io / device}
 
 
@@ -203,7 +212,7 @@ def g2(ds: str, rec: dict, work: WorkloadProfile, now: MachineSpec) -> tuple[lis
     path = full.get("host_gather", "cpu")  # the host path carina@1 ran (the s8/s9 records: cpu, unnamed)
     cpu = predict_run(now, work, full, host_gather=HostGather.CPU)
     as_run = predict_run(now, work, full)
-    mem = predict(now, work, gpu_cache_rows=work.num_nodes, host_cache_rows=0)
+    mem = predict_in_memory(now, work)
     out: dict[str, Any] = {
         "carina@1": full["seeds_per_s"],
         "host_path": path,
@@ -367,7 +376,7 @@ def plan_row(p: Prediction | dict) -> dict[str, Any]:
     """One row of ``carina gnn plan``'s table, from a prediction or the JSON the command printed."""
     d = p if isinstance(p, dict) else vars(p)
     st = d["stages"]
-    keys = ("sample", "disk", "gather", "transfer", "device_gather", "compute")
+    keys = ("sample", "lookup", "disk", "gather", "transfer", "device_gather", "compute")
     return {
         "ssds": int(d["config"]["ssd_count"]),
         "host_gather": d.get("host_gather", "cpu"),
@@ -400,7 +409,7 @@ def dataset_goals(sess: Session, ds: str, recs: dict[str, dict], rates: dict) ->
     f3, m3 = g3(ds, rec, recorded_machine)
     f5, m5 = g5(ds, rec, variants, work)
     f6, m6 = g6(ds, rec, now, work)
-    mem = predict(now, work, gpu_cache_rows=work.num_nodes, host_cache_rows=0)
+    mem = predict_in_memory(now, work)
     measured_mem = {k: v["seeds_per_s"] for k, v in rec["metrics"]["systems"].items() if k.startswith("in-memory")}
     bs, systems = rec["config"]["batch_size"], rec["metrics"]["systems"]
     runs = {k: v for k, v in systems.items() if k.startswith("in-memory")} | carina_runs(rec)

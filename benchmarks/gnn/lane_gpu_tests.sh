@@ -17,5 +17,5 @@ fi
 $PY -c "import torch_geometric, torch; print('torch_geometric', torch_geometric.__version__, 'torch', torch.__version__)" |
   tee "$LOG"
 $PY -m pytest -q -m gpu -p no:cacheprovider -rA tests/gnn/test_store.py tests/memory/test_mapped.py \
-  tests/gnn/test_costmodel.py tests/gnn/test_train.py tests/gnn/test_sampler.py 2>&1 | tee -a "$LOG"
+  tests/gnn/test_costmodel.py tests/gnn/test_train.py tests/gnn/test_sampler.py tests/gnn/test_hostread.py 2>&1 | tee -a "$LOG"
 exit "${PIPESTATUS[0]}"

@@ -137,7 +137,8 @@ if [ -f "$IGB/manifest.json" ]; then
 fi
 rm -rf "$IGB"
 # the gpu-marked tests of the host paths (mapped pinned slice, bit-exact rows), with what is left
-GPU_TESTS="tests/gnn/test_store.py tests/memory/test_mapped.py tests/gnn/test_costmodel.py tests/gnn/test_train.py"
+GPU_TESTS="tests/gnn/test_store.py tests/memory/test_mapped.py tests/gnn/test_costmodel.py tests/gnn/test_train.py
+  tests/gnn/test_hostread.py"
 # (test_train.py holds the gpu test of the sampler's device times: positive, and within the epoch's wall time)
 if [ "$DEVICE" != cpu ] && [ "$(left)" -ge 30 ] && $PY -c "import pytest, hypothesis" 2>/dev/null; then
   step gpu-tests 25 $PY -m pytest -q -m gpu -p no:cacheprovider $GPU_TESTS

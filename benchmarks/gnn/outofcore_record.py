@@ -67,12 +67,13 @@ def recommended_by_budget(bench: Any) -> dict[str, dict[str, Any]]:
 
 
 # predicted stage -> its measured seconds per batch. The sampler thread also plans each batch (cache
-# lookup, page runs), which the model does not price: "sample" is compared with sample + plan, the lane
-# the prediction stands for. "disk" is the read stage (the IO thread: disk reads, and the CPU gather of
-# the host hits on the cpu host path), "transfer" the assemble stage less the benchmark's own row checks
-# (copies to the device, and the device's gather of the host hits on the device path), "compute" the
-# training step. Per batch: the mean over the calls after the warm-up batches where the record has each
-# call (`calls`, since session 10), else a stage's total over the times it ran (records before).
+# lookup, page runs): "sample" is compared with sample + plan, the lane the prediction stands for; the
+# model's sample plus its lookup (session 13 on; records before have no lookup stage: 0). "disk" is the
+# read stage (the IO thread: disk reads, and the CPU gather of the host hits on the cpu host path),
+# "transfer" the assemble stage less the benchmark's own row checks (copies to the device, and the
+# device's gather of the host hits on the device path), "compute" the training step. Per batch: the mean
+# over the calls after the warm-up batches where the record has each call (`calls`, since session 10),
+# else a stage's total over the times it ran (records before).
 _MEASURED: dict[str, tuple[tuple[str, ...], str | None]] = {
     "sample": (("sample", "plan"), None),
     "disk": (("read",), None),
@@ -108,9 +109,11 @@ def measured_stage(run: dict, stages: tuple[str, ...], minus: str | None = None)
 
 def predicted_stages(pred: dict) -> dict[str, float]:
     """The model's stages as the bench's timers see them: the read stage holds the CPU gather, assemble
-    the device's gather (records made before session 10 have neither ``gather`` nor ``device_gather``)."""
+    the device's gather (records made before session 10 have neither ``gather`` nor ``device_gather``),
+    the sampler thread's sample and plan the sample and the cache lookup (before session 13: no lookup)."""
     st = pred["stages"]
     return st | {
+        "sample": st.get("sample", 0.0) + st.get("lookup", 0.0),
         "disk": st.get("disk", 0.0) + st.get("gather", 0.0),
         "transfer": st.get("transfer", 0.0) + st.get("device_gather", 0.0),
     }

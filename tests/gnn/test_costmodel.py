@@ -11,6 +11,7 @@ from carina.gnn.costmodel import (
     disk_seconds,
     hit_rate,
     predict,
+    predict_in_memory,
     recommend,
 )
 from carina.gnn.hostpath import HostGather
@@ -267,3 +268,88 @@ def test_recommend_takes_the_faster_host_path():
     slow_uva = _machine(host_gather_gbps=100.0, uva_gbps=0.5, gpu_mem_gb=2.048, host_mem_gb=2.048)
     best, _ = recommend(slow_uva, work, max_ssds=0, gpu_reserve_gb=0, host_reserve_gb=0)
     assert best.host_gather == "cpu"
+
+
+def _lookup_machine(**kw):
+    # 200 us a lookup, 20 ns an id, 30 ns a host hit copied to the CPU (cpu path)
+    return _machine(
+        ssd_count=0,
+        uva_gbps=20.48,
+        uva_row_ns=100.0,
+        lookup_batch_us=200.0,
+        lookup_id_ns=20.0,
+        lookup_host_id_ns=30.0,
+        **kw,
+    )
+
+
+def test_lookup_on_the_sampler_thread_closed_form():
+    """sampler thread = sample + t_lookup + U t_id (+ U h_c t_host on the cpu path); none in memory."""
+    work, caches = _host_heavy()  # U = 100k, h_c = 0.5
+    m = _lookup_machine()
+    dev = predict(m, work, host_gather=HostGather.DEVICE, **caches)
+    lookup_dev = 200e-6 + 100_000 * 20e-9  # 2.2 ms
+    assert dev.stages["lookup"] == pytest.approx(lookup_dev)
+    read = 50_000 * (4096 / 20.48e9 + 100e-9)
+    assert dev.lanes == {"disk": 0.0, "compute": pytest.approx(0.01 + lookup_dev + read + 0.02)}
+    cpu = predict(m, work, host_gather=HostGather.CPU, **caches)
+    lookup_cpu = lookup_dev + 50_000 * 30e-9  # + 1.5 ms: the host hits' positions and slots to the CPU
+    assert cpu.stages["lookup"] == pytest.approx(lookup_cpu)
+    assert cpu.lanes["compute"] == pytest.approx(0.01 + lookup_cpu + 50_000 * 4096 / 40.96e9 + 0.02)
+    own = predict(m, _work(hotness_curve=[0.0, 0.5, 1.0], sample_lane="own"), host_gather=HostGather.DEVICE, **caches)
+    assert own.lanes["sample"] == pytest.approx(0.01 + lookup_dev)
+    serial = predict(m, work, host_gather=HostGather.DEVICE, overlap=Overlap.SERIAL, **caches)
+    assert serial.batch_s == pytest.approx(0.01 + lookup_dev + read + 0.02)
+    mem = predict_in_memory(m, work)  # no cache, no lookup
+    assert mem.stages["lookup"] == 0 and mem.seeds_per_s == pytest.approx(1000 / (0.01 + 0.02))
+    full = predict(m, work, gpu_cache_rows=10**6, host_cache_rows=0)  # carina with every row on the GPU still looks up
+    assert full.batch_s == pytest.approx(0.03 + lookup_dev)
+
+
+def test_lookup_cost_moves_the_host_path_pick():
+    """The cpu path's copy of the host hits' positions to the CPU counts against it in recommend."""
+    work, _ = _host_heavy()
+    # device lane on the device path: 10 + 15 (read) + 20 = 45 ms; cpu path: 10 + 5 (copy) + 20 = 35 ms
+    base = dict(gpu_mem_gb=2.048, host_mem_gb=2.048, host_gather_gbps=100.0)
+    plain = _machine(uva_gbps=20.48, uva_row_ns=100.0, **base)
+    best, _ = recommend(plain, work, max_ssds=0, gpu_reserve_gb=0, host_reserve_gb=0)
+    assert best.host_gather == "cpu"
+    slow_copy = _machine(uva_gbps=20.48, uva_row_ns=100.0, lookup_host_id_ns=300.0, **base)  # + 15 ms, cpu path only
+    best, _ = recommend(slow_copy, work, max_ssds=0, gpu_reserve_gb=0, host_reserve_gb=0)
+    assert best.host_gather == "device" and best.batch_s == pytest.approx(0.045)
+
+
+def test_a_calibration_without_lookup_rates_prices_no_lookup():
+    """A MachineSpec file from before session 13 loads; its lookup is 0 and it says so."""
+    old = {k: v for k, v in _lookup_machine().to_dict().items() if not k.startswith("lookup_")}
+    m = MachineSpec.from_dict(old)
+    assert not m.lookup_priced and _lookup_machine().lookup_priced
+    work, caches = _host_heavy()
+    assert predict(m, work, **caches).stages["lookup"] == 0
+    with pytest.raises(ConfigError, match="lookup_id_ns"):
+        _machine(lookup_id_ns=-1.0)
+
+
+def test_line_fit_closed_form():
+    from carina.gnn.calibrate import line_fit
+
+    assert line_fit(100, 1e-3 + 100 * 2e-8, 1000, 1e-3 + 1000 * 2e-8) == pytest.approx((1e-3, 2e-8))
+    assert line_fit(100, 1e-6, 1000, 1e-3) == pytest.approx((0.0, 1e-6))  # fixed part below 0: rate alone
+    assert line_fit(100, 2e-3, 1000, 1e-3) == (1e-3, 0.0)  # falling: all fixed
+
+
+def test_lookup_rates_on_the_cpu():
+    from carina.gnn.calibrate import lookup_rates
+
+    r = lookup_rates("cpu", num_nodes=1 << 14, small=256, large=8192, repeats=3)
+    assert set(r) == {"batch_s", "id_s", "host_id_s"}
+    assert min(r.values()) >= 0 and r["batch_s"] + 8192 * r["id_s"] > 0 and r["batch_s"] < 1.0
+
+
+@pytest.mark.gpu
+def test_lookup_rates_on_a_gpu():
+    """On CUDA the calibration times the device's lookup; the line through two batch sizes is non-negative."""
+    from carina.gnn.calibrate import lookup_rates
+
+    r = lookup_rates("cuda", num_nodes=1 << 20, small=1 << 12, large=1 << 16, repeats=3)
+    assert min(r.values()) >= 0 and r["batch_s"] + (1 << 16) * r["id_s"] > 0

@@ -146,6 +146,9 @@ def test_plan_from_a_workload_file(tmp_path):
     args = ["plan", "--machine", str(m), "--workload", str(w), "--gpu-mem-gb", "8.1", "--host-mem-gb", "16.2"]
     res = _json(runner.invoke(app, [*args, "--max-ssds", "4", "--json"]))
     assert len(res["candidates"]) == 4 and res["best"]["bottleneck"] in {"disk", "sample"}
+    assert res["best"]["stages"]["lookup"] == 0  # a machine file without lookup rates (before session 13)
+    text = runner.invoke(app, [*args, "--max-ssds", "4"])
+    assert text.exit_code == 0 and "lookup priced at 0" in text.output
     assert runner.invoke(app, ["plan"]).exit_code != 0
 
 

@@ -8,7 +8,8 @@ bytes or overlaps them (``MachineSpec.disk_cost``, :func:`pick_disk_cost`; the p
 time is kept in the spec), host->device copies (pinned, or a host memcpy on a CPU-only
 machine), scattered row gathers in host memory into a reused output (as the store
 gathers into its staging), and on CUDA the GPU's gather of rows from pinned host memory
-mapped into its address space, at two row sizes (``uva_gbps`` and ``uva_row_ns``). Pass
+mapped into its address space, at two row sizes (``uva_gbps`` and ``uva_row_ns``), and the
+static cache's lookup of a batch on the device (``lookup_*``: :func:`lookup_rates`). Pass
 the :class:`~carina.io.IOConfig` the store will read with: the IOPS depend on the queue
 depth.
 :func:`profile_workload` samples batches to measure sampling and training time
@@ -37,7 +38,15 @@ from carina.gnn.sampler import NeighborSampler
 from carina.gnn.train import GNN, train_step
 from carina.io import FileHandle, IOConfig, IOEngine, aligned_buffer
 
-__all__ = ["calibrate_machine", "hotness_curve", "pick_disk_cost", "profile_workload", "uva_fit"]
+__all__ = [
+    "calibrate_machine",
+    "hotness_curve",
+    "line_fit",
+    "lookup_rates",
+    "pick_disk_cost",
+    "profile_workload",
+    "uva_fit",
+]
 
 _MB = 1 << 20
 
@@ -57,6 +66,7 @@ def calibrate_machine(
     host_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     gather, copy = _gather_rate(), _copy_rate(device)
     uva_bps, uva_row_s = _uva_rates(device) if cuda else (gather, 0.0)  # a CPU reads its host slice itself
+    lookup = lookup_rates(device)
     return MachineSpec(
         name=name,
         gpu_mem_gb=gpu_gb,
@@ -72,6 +82,9 @@ def calibrate_machine(
         uva_row_ns=uva_row_s * 1e9,
         disk_probe_pages=probe.pages,
         disk_probe_us=probe.seconds_per_read * 1e6,
+        lookup_batch_us=lookup["batch_s"] * 1e6,
+        lookup_id_ns=lookup["id_s"] * 1e9,
+        lookup_host_id_ns=lookup["host_id_s"] * 1e9,
     )
 
 
@@ -227,6 +240,58 @@ def uva_fit(small_s: float, large_s: float, *, small: int = 512, large: int = 40
     rate = (large - small) / (large_s - small_s) if large_s > small_s else large / large_s
     per_row = small_s - small / rate
     return (rate, per_row) if per_row >= 0 else (large / large_s, 0.0)
+
+
+def lookup_rates(
+    device: str, *, num_nodes: int = 1 << 22, small: int = 1 << 14, large: int = 1 << 18, repeats: int = 7
+) -> dict[str, float]:
+    """The static cache's lookup of one batch on ``device``: seconds a batch, per id, per host hit.
+
+    A cache of ``num_nodes`` one-column rows, all in the host slice (pinned on CUDA), answers batches
+    of ``small`` and ``large`` distinct random ids with the host hits' positions kept on the device
+    (the ``device`` path); the line through the two medians gives the fixed part (the host reads'
+    waits) and the part per id (:func:`line_fit`). The ``large`` batch looked up again with the
+    positions and slots copied to the host (the ``cpu`` path) gives the cost per host hit of that copy.
+    Each time is the CPU clock around the call, the device synchronised after it.
+    """
+    from carina.gnn.cache import CacheConfig, StaticCache
+
+    cache = StaticCache(
+        hotness=torch.zeros(num_nodes),
+        config=CacheConfig(gpu_rows=0, host_rows=num_nodes),
+        dim=1,
+        dtype=torch.float32,
+        device=device,
+        fetch=lambda ids: torch.zeros(ids.numel(), 1),
+    )
+    gen = torch.Generator().manual_seed(4)
+    batches = {n: torch.randperm(num_nodes, generator=gen)[:n].to(device) for n in (small, large)}
+
+    def median_s(n: int, on_device: bool) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first call warms up (kernels, allocator): left out
+            t0 = time.perf_counter()
+            cache.lookup(batches[n], host_on_device=on_device)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[1:]))
+
+    batch_s, id_s = line_fit(small, median_s(small, True), large, median_s(large, True))
+    host_id_s = max(0.0, median_s(large, False) - (batch_s + large * id_s)) / large
+    return {"batch_s": batch_s, "id_s": id_s, "host_id_s": host_id_s}
+
+
+def line_fit(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float]:
+    """``(fixed, per unit)`` of ``t = fixed + x per`` through two points, neither below 0.
+
+    A fixed part that would come out negative is taken as 0 and the rate from the larger point alone;
+    a falling line (``t2 < t1``) is all fixed: the larger point's time.
+    """
+    if t2 <= t1:
+        return t2, 0.0
+    per = (t2 - t1) / (x2 - x1)
+    fixed = t1 - x1 * per
+    return (fixed, per) if fixed >= 0 else (0.0, t2 / x2)
 
 
 def hotness_curve(

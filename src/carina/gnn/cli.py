@@ -224,7 +224,7 @@ def plan(
         emit_json({"machine": spec.to_dict(), "workload": work.to_dict(), "best": best, "candidates": cands})
         return
     rows = _plan_rows(cands)
-    cols = ["SSDs", "host gather", "sample ms", "disk ms", "gather ms", "transfer ms", "device gather ms"]
+    cols = ["SSDs", "host gather", "sample ms", "lookup ms", "disk ms", "gather ms", "transfer ms", "device gather ms"]
     cols += ["compute ms", "bottleneck", "epoch s", "seeds/s", "TPC x1e3"]
     print_table(rows, columns=cols, title=f"plan for {spec.name} (predicted)")
     typer.echo(
@@ -232,15 +232,17 @@ def plan(
         f"host cache {int(best.config['host_cache_rows'])} rows, host gather on the {best.host_gather}, "
         f"reads through holes of up to {int(best.config['gap_pages'])} pages -> {best.seeds_per_s:.0f} seeds/s"
     )
+    if not spec.lookup_priced:
+        typer.echo("note: the machine has no cache-lookup rates (calibrated before session 13): lookup priced at 0")
 
 
 def _plan_rows(cands: list[Any]) -> list[tuple[Any, ...]]:
-    stages = ("sample", "disk", "gather", "transfer", "device_gather", "compute")
+    stages = ("sample", "lookup", "disk", "gather", "transfer", "device_gather", "compute")
     return [
         (
             int(p.config["ssd_count"]),
             p.host_gather,
-            *(f"{p.stages[k] * 1e3:.2f}" for k in stages),
+            *(f"{p.stages.get(k, 0.0) * 1e3:.2f}" for k in stages),
             p.bottleneck,
             f"{p.epoch_s:.2f}",
             f"{p.seeds_per_s:.0f}",

@@ -5,6 +5,7 @@ cache and ``h_c`` the host cache (read off the measured hotness curve at the
 cache sizes), the stages are::
 
     sample         = measured sampling time per batch (GPU or CPU sampler)
+    lookup         = t_lookup + U t_id + U h_c t_host (cpu path only)  (the cache lookup, sampler thread)
     compute        = measured forward + backward + step per batch
     disk           = carina.gnn.diskcost.disk_seconds(IOs, pages)   (the missed rows' reads, k SSDs)
     host gather on the CPU (host_gather "cpu"):
@@ -14,14 +15,20 @@ cache sizes), the stages are::
       device_gather = U h_c (row / B_uva + t_row)                      (the device reads the slice in place)
       transfer     = U (1 - h_g - h_c) row / B_pcie                    (the missed rows only)
 
+The sampler thread samples a batch and then looks it up in the cache (the slot map's gather and
+sort, and the host reads of the tiers' sizes and of what the CPU needs: on the ``cpu`` path also
+the host hits' positions and slots, ``t_host`` a row); an in-memory run has no lookup
+(:func:`predict_in_memory`). The lookup's rates come from ``carina gnn calibrate`` (session 13 on);
+a calibration made before has none, and the lookup is then priced at 0 (``lookup_priced``).
+
 The pipeline runs lanes side by side: the IO thread (disk reads, then the CPU
 gather of host hits: lane ``disk``) and the device. When the sampler runs on the
 training device (``WorkloadProfile.sample_lane == "shared"``, what
 :mod:`carina.gnn.runner` does) its kernels queue on the same stream as the copies,
 the device gather and the step, so the device lane is
-``sample + transfer + device_gather + compute`` (lane ``compute``) and
+``sample + lookup + transfer + device_gather + compute`` (lane ``compute``) and
 ``T_batch = max(disk + gather, device lane)``; a sampler with a device of its
-own (``"own"``) is a third lane. Without overlap the batch is the sum of the
+own (``"own"``) is a third lane, ``sample + lookup``. Without overlap the batch is the sum of the
 stages. Throughput per dollar divides seeds/s by the machine's price
 (base + GPU + k SSDs).
 
@@ -52,11 +59,14 @@ __all__ = [
     "best_gap_pages",
     "disk_seconds",
     "hit_rate",
+    "lookup_seconds",
     "predict",
+    "predict_in_memory",
     "recommend",
 ]
 
 SAMPLE_LANES = ("shared", "own")
+_LOOKUP_KEYS = ("lookup_batch_us", "lookup_id_ns", "lookup_host_id_ns")
 
 
 class Overlap(enum.Enum):
@@ -89,6 +99,11 @@ class MachineSpec(Config):
             measured (the ``device`` host path cannot be priced).
         disk_probe_pages / disk_probe_us: The calibration's probe of the disk form: random
             reads of that many pages each, microseconds per read at depth (0: not probed).
+        lookup_batch_us / lookup_id_ns / lookup_host_id_ns: The cache lookup on the sampler thread,
+            ``t_lookup + U t_id + U h_c t_host``: microseconds a batch, nanoseconds per id of the
+            batch, and nanoseconds per host hit whose position and slot come to the CPU (the ``cpu``
+            host path only). All 0: not calibrated (calibrations before session 13); the lookup is
+            then priced at 0.
     """
 
     name: str = "machine"
@@ -108,13 +123,16 @@ class MachineSpec(Config):
     uva_row_ns: float = 0.0
     disk_probe_pages: int = 0
     disk_probe_us: float = 0.0
+    lookup_batch_us: float = 0.0
+    lookup_id_ns: float = 0.0
+    lookup_host_id_ns: float = 0.0
 
     def validate(self) -> None:
         """All rates positive (the device gather's: or 0, not measured); a known disk cost model."""
         require(self.disk_cost in DISK_COSTS, f"disk_cost must be one of {DISK_COSTS}", key="disk_cost")
         for key in ("ssd_read_gbps", "ssd_iops", "pcie_gbps", "host_gather_gbps", "bus_limit_gbps"):
             require(getattr(self, key) > 0, f"{key} must be positive", key=key)
-        for key in ("uva_gbps", "uva_row_ns", "disk_probe_pages", "disk_probe_us"):
+        for key in ("uva_gbps", "uva_row_ns", "disk_probe_pages", "disk_probe_us", *_LOOKUP_KEYS):
             require(getattr(self, key) >= 0, f"{key} must be >= 0", key=key)
         require(self.ssd_count >= 0, "ssd_count must be >= 0", key="ssd_count")
 
@@ -122,6 +140,11 @@ class MachineSpec(Config):
     def device_gather_priced(self) -> bool:
         """Whether the ``device`` host path has a measured rate."""
         return self.uva_gbps > 0
+
+    @property
+    def lookup_priced(self) -> bool:
+        """Whether the cache lookup has measured rates (a calibration from session 13 on)."""
+        return any(getattr(self, k) > 0 for k in _LOOKUP_KEYS)
 
     @property
     def price_usd(self) -> float:
@@ -209,13 +232,15 @@ def predict(
     overlap: Overlap = Overlap.PIPELINED,
     gap_pages: int = 0,
     host_gather: HostGather = HostGather.CPU,
+    lookup: bool = True,
 ) -> Prediction:
     """Predict one configuration (cache sizes in rows, read-gap policy, host path) on ``machine``.
 
     ``host_gather``: ``cpu`` or ``device`` (module docstring); ``auto`` is ``device`` where the
     machine has a device-gather rate (``uva_gbps``). A calibration on the CPU sets that rate too (the
     host gather's), where the store's ``auto`` takes ``cpu``: to price a run, pass the store's
-    resolved :attr:`~carina.gnn.store.OutOfCoreFeatures.host_path`.
+    resolved :attr:`~carina.gnn.store.OutOfCoreFeatures.host_path`. ``lookup=False``: no cache
+    lookup on the sampler thread (the in-memory baseline: :func:`predict_in_memory`).
 
     Raises:
         CapacityError: Rows miss the caches and the machine has no SSD.
@@ -234,7 +259,8 @@ def predict(
         raise CapacityError("no SSD but rows miss the caches", misses_per_batch=misses)
     disk = disk_seconds(machine, ios, pages) if k and misses > 0 else 0.0
     path = _host_path(machine, host_gather)
-    stages = {"sample": work.sample_s, "disk": disk} | _host_stages(machine, work, h_g, h_c, path)
+    stages = {"sample": work.sample_s, "lookup": lookup_seconds(machine, work, h_c, path) if lookup else 0.0}
+    stages |= {"disk": disk} | _host_stages(machine, work, h_g, h_c, path)
     stages["compute"] = work.compute_s
     lanes = _lanes(stages, work.sample_lane)
     if overlap is Overlap.PIPELINED:
@@ -259,6 +285,18 @@ def predict(
         host_gather=path.value,
         lanes=lanes,
     )
+
+
+def predict_in_memory(machine: MachineSpec, work: WorkloadProfile) -> Prediction:
+    """The in-memory baseline: every row on the device, no disk, no host path, no cache lookup."""
+    return predict(machine, work, gpu_cache_rows=work.num_nodes, host_cache_rows=0, lookup=False)
+
+
+def lookup_seconds(machine: MachineSpec, work: WorkloadProfile, h_c: float, path: HostGather) -> float:
+    """The cache lookup of one batch on the sampler thread (0 where the machine has no lookup rates)."""
+    u = work.unique_per_batch
+    host = u * h_c * machine.lookup_host_id_ns * 1e-9 if path is HostGather.CPU else 0.0
+    return machine.lookup_batch_us * 1e-6 + u * machine.lookup_id_ns * 1e-9 + host
 
 
 def _host_path(machine: MachineSpec, mode: HostGather) -> HostGather:
@@ -290,13 +328,17 @@ def _host_stages(
 
 
 def _lanes(stages: dict[str, float], sample_lane: str) -> dict[str, float]:
-    """Seconds per batch of each pipeline lane: the IO thread, the device, and a sampler of its own."""
+    """Seconds per batch of each pipeline lane: the IO thread, the device, and a sampler of its own.
+
+    The sampler thread's work is the sample and the cache lookup.
+    """
     device = stages["transfer"] + stages.get("device_gather", 0.0) + stages["compute"]
     lanes = {"disk": stages["disk"] + stages["gather"], "compute": device}
+    sampler = stages["sample"] + stages.get("lookup", 0.0)
     if sample_lane == "shared":
-        lanes["compute"] += stages["sample"]
+        lanes["compute"] += sampler
     else:
-        lanes["sample"] = stages["sample"]
+        lanes["sample"] = sampler
     return lanes
 
 

@@ -42,6 +42,7 @@ import torch
 
 from carina.core.config import Config, require
 from carina.core.errors import ConfigError
+from carina.gnn import hostread
 from carina.gnn.cache import CacheLookup, StaticCache
 from carina.gnn.dataset import PAGE, Dataset
 from carina.gnn.hostpath import HostGather, resolve
@@ -223,15 +224,16 @@ class OutOfCoreFeatures:
     def _lookup(self, n_id: torch.Tensor) -> CacheLookup:
         if self.cache is not None:
             return self.cache.lookup(n_id, host_on_device=self.host_path is HostGather.DEVICE)
+        # every row misses: the ids sorted where they are, one copy of them to the CPU (no order copied back)
         empty = torch.zeros(0, dtype=torch.int64)
-        ids, order = torch.sort(n_id.cpu())
+        ids, order = torch.sort(n_id, stable=True)
         return CacheLookup(
-            gpu_pos=empty.to(n_id.device),
-            gpu_slot=empty.to(n_id.device),
+            gpu_pos=torch.zeros(0, dtype=torch.int64, device=n_id.device),
+            gpu_slot=torch.zeros(0, dtype=torch.int64, device=n_id.device),
             host_pos=empty,
             host_slot=empty,
-            miss_pos=order.to(n_id.device),
-            miss_ids=ids,
+            miss_pos=order,
+            miss_ids=hostread.to_host(ids),
         )
 
     # -- stage 2 ----------------------------------------------------------------

@@ -1,0 +1,203 @@
+"""The sampler thread's host reads: counted on the CPU, fixed per batch, and the outputs unchanged.
+
+Session 13 removed the waits for the device that the sampler and the cache lookup did not need
+(boolean masks, ``nonzero``, a CPU sort with its order copied back); these tests pin the count of
+what is left and compare the outputs bit for bit with the code as it was (the references below).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from carina.gnn.cache import MISS, CacheConfig, CacheLookup, StaticCache
+from carina.gnn.graph import chung_lu
+from carina.gnn.sampler import NeighborSampler
+from carina.testing.gnn_sync import count_host_syncs
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return chung_lu(num_nodes=1 << 12, avg_degree=12, gamma=2.1, seed=5)
+
+
+# -- the code before session 13, kept as the reference -------------------------------------------
+def _ref_uniform(graph, nodes, fanout, gen):
+    start = graph.indptr[nodes]
+    deg = graph.indptr[nodes + 1] - start
+    pos = torch.arange(nodes.numel())
+    small = deg <= fanout if fanout >= 0 else torch.ones_like(deg, dtype=torch.bool)
+
+    def take_all(start, deg, pos):
+        total = int(deg.sum())
+        owner = torch.repeat_interleave(pos, deg)
+        first = torch.repeat_interleave(start - (torch.cumsum(deg, 0) - deg), deg)
+        return owner, first + torch.arange(total)
+
+    own_s, edge_s = take_all(start[small], deg[small], pos[small])
+    if fanout < 0:
+        return graph.indices[edge_s].to(torch.int64), own_s
+    big = ~small
+    s, d, p = start[big], deg[big], pos[big]
+    m = d.numel()
+    picks = torch.empty(m, fanout, dtype=torch.int64)
+    for i in range(fanout):
+        j = d - fanout + i
+        t = torch.minimum((torch.rand(m, generator=gen, dtype=torch.float64) * (j + 1)).long(), j)
+        picks[:, i] = torch.where((picks[:, :i] == t.unsqueeze(1)).any(dim=1), j, t)
+    own = torch.cat([own_s, p.repeat_interleave(fanout)])
+    edges = torch.cat([edge_s, (s.unsqueeze(1) + picks).reshape(-1)])
+    return graph.indices[edges].to(torch.int64), own
+
+
+def _ref_sample(graph, fanouts, gen, seeds):
+    local = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
+    n = seeds.numel()
+    local[seeds] = torch.arange(n)
+    parts, srcs, dsts, counts = [seeds], [], [], [n]
+    frontier, frontier_local = seeds, torch.arange(n)
+    for fanout in fanouts:
+        src, owner = _ref_uniform(graph, frontier, fanout, gen)
+        fresh = torch.unique(src[local[src] < 0])
+        local[fresh] = torch.arange(n, n + fresh.numel())
+        n += fresh.numel()
+        parts.append(fresh)
+        srcs.append(local[src])
+        dsts.append(frontier_local[owner])
+        counts.append(fresh.numel())
+        frontier, frontier_local = fresh, local[fresh]
+    return torch.cat(parts), torch.stack([torch.cat(srcs), torch.cat(dsts)]), counts
+
+
+def _ref_lookup(cache, n_id, host_on_device):
+    s = cache.slot[n_id]
+    gpu_pos = torch.nonzero(s >= 0).flatten()
+    host_pos = torch.nonzero(s <= -2).flatten()
+    miss_pos = torch.nonzero(s == MISS).flatten()
+    miss_ids, order = torch.sort(n_id[miss_pos])
+    return CacheLookup(
+        gpu_pos=gpu_pos,
+        gpu_slot=s[gpu_pos].to(torch.int64),
+        host_pos=host_pos,
+        host_slot=(-2 - s[host_pos]).to(torch.int64),
+        miss_pos=miss_pos[order],
+        miss_ids=miss_ids,
+    )
+
+
+# -- the sampler ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("fanouts", [[25, 10], [15, 10, 5], [3], [-1], [4, -1]])
+def test_sampler_batches_equal_the_masked_reference(graph, fanouts):
+    sampler = NeighborSampler(graph, fanouts=fanouts, seed=7)
+    gen = torch.Generator().manual_seed(7)
+    perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(1))
+    for i in range(4):  # one generator across batches: its state must advance alike
+        seeds = perm[i * 64 : (i + 1) * 64]
+        got = sampler.sample(seeds)
+        n_id, edge_index, counts = _ref_sample(graph, fanouts, gen, seeds)
+        assert torch.equal(got.n_id, n_id)
+        assert torch.equal(got.edge_index, edge_index)
+        assert got.num_sampled_nodes == counts
+    assert torch.equal(sampler.gen.get_state(), gen.get_state())
+
+
+@pytest.mark.parametrize("fanouts", [[25, 10], [15, 10, 5], [-1]])
+def test_sampler_reads_the_host_twice_a_hop(graph, fanouts):
+    sampler = NeighborSampler(graph, fanouts=fanouts, seed=0)
+    with count_host_syncs() as syncs:
+        sampler.sample(torch.arange(0, 4096, 16))
+    hops = len(fanouts)
+    assert dict(syncs.ops) == {"host_ints": hops, "_unique2": hops}
+
+
+# -- the cache lookup ----------------------------------------------------------------------------
+def _cache(num_nodes, gpu_rows, host_rows):
+    hot = torch.rand(num_nodes, generator=torch.Generator().manual_seed(2))
+    return StaticCache(
+        hotness=hot,
+        config=CacheConfig(gpu_rows=gpu_rows, host_rows=host_rows),
+        dim=4,
+        dtype=torch.float32,
+        device="cpu",
+        fetch=lambda ids: ids.to(torch.float32).unsqueeze(1).expand(-1, 4),
+    )
+
+
+@pytest.mark.parametrize("host_on_device", [False, True])
+@pytest.mark.parametrize("gpu_rows,host_rows", [(0, 0), (300, 0), (0, 500), (200, 700), (4096, 0), (0, 4096)])
+def test_lookup_equals_the_nonzero_reference(graph, gpu_rows, host_rows, host_on_device):
+    cache = _cache(graph.num_nodes, gpu_rows, host_rows)
+    n_id = NeighborSampler(graph, fanouts=[10, 5], seed=3).sample(torch.arange(100, 300)).n_id
+    got, want = cache.lookup(n_id, host_on_device=host_on_device), _ref_lookup(cache, n_id, host_on_device)
+    for f in dataclasses.fields(CacheLookup):
+        g, w = getattr(got, f.name), getattr(want, f.name)
+        assert g.dtype == w.dtype == torch.int64 and torch.equal(g, w), f.name
+    split = got.gpu_pos.numel() + got.host_pos.numel() + got.miss_pos.numel()
+    assert split == n_id.numel() and got.gpu_pos.numel() <= gpu_rows and got.host_pos.numel() <= host_rows
+
+
+@pytest.mark.parametrize("host_on_device", [False, True])
+def test_lookup_reads_the_host_twice(graph, host_on_device):
+    cache = _cache(graph.num_nodes, 1000, 1000)
+    n_id = NeighborSampler(graph, fanouts=[10, 5], seed=3).sample(torch.arange(100, 300)).n_id
+    with count_host_syncs() as syncs:
+        lk = cache.lookup(n_id, host_on_device=host_on_device)
+    assert lk.gpu_pos.numel() and lk.host_pos.numel() and lk.miss_pos.numel()
+    assert dict(syncs.ops) == {"host_ints": 1, "to_host": 1}
+
+
+def test_lookup_and_sample_of_nothing(graph):
+    """An empty batch splits into empty tiers; a frontier whose neighbours are all labelled adds no node."""
+    lk = _cache(graph.num_nodes, 100, 100).lookup(torch.zeros(0, dtype=torch.int64))
+    assert all(getattr(lk, f.name).numel() == 0 for f in dataclasses.fields(CacheLookup))
+    sampler = NeighborSampler(graph, fanouts=[-1], seed=0)
+    assert sampler._new_nodes(torch.zeros(0, dtype=torch.int64)).numel() == 0
+    everyone = torch.arange(graph.num_nodes)
+    b = NeighborSampler(graph, fanouts=[-1, -1, -1], seed=0).sample(everyone)
+    assert b.num_sampled_nodes == [graph.num_nodes, 0, 0, 0] and torch.equal(b.n_id, everyone)
+
+
+# -- the counter itself --------------------------------------------------------------------------
+def test_the_counter_sees_each_kind_of_host_read():
+    x = torch.arange(10)
+    mask = x > 4
+    reads = {
+        "index[mask]": lambda: x[mask],
+        "index_put_[mask]": lambda: x.clone().__setitem__(mask, 0),
+        "nonzero": lambda: torch.nonzero(mask),
+        "_unique2": lambda: torch.unique(x),
+        "_local_scalar_dense": lambda: int(x.sum()),
+        "bincount": lambda: torch.bincount(x),
+        "repeat_interleave(no output_size)": lambda: torch.repeat_interleave(x, x),
+    }
+    for name, read in reads.items():
+        with count_host_syncs() as syncs:
+            read()
+        assert dict(syncs.ops) == {name: 1}
+    with count_host_syncs() as syncs:  # sized, sorted, gathered: none waits
+        torch.repeat_interleave(x, x, output_size=45)
+        torch.sort(x)
+        x[x[:3]]
+        x.repeat_interleave(3)
+    assert syncs.total == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("host_on_device", [False, True])
+def test_cuda_lookup_equals_the_cpu_lookup(graph, host_on_device):
+    """The sort-based split on a CUDA cache gives the CPU's split, each tensor where the paths want it."""
+    cpu = _cache(graph.num_nodes, 1000, 1000)
+    cuda = StaticCache(
+        hotness=torch.rand(graph.num_nodes, generator=torch.Generator().manual_seed(2)),
+        config=CacheConfig(gpu_rows=1000, host_rows=1000),
+        dim=4,
+        dtype=torch.float32,
+        device="cuda",
+        fetch=lambda ids: ids.to(torch.float32).unsqueeze(1).expand(-1, 4),
+    )
+    n_id = NeighborSampler(graph, fanouts=[10, 5], seed=3).sample(torch.arange(100, 300)).n_id
+    want, got = cpu.lookup(n_id), cuda.lookup(n_id.cuda(), host_on_device=host_on_device)
+    for f in dataclasses.fields(CacheLookup):
+        assert torch.equal(getattr(got, f.name).cpu(), getattr(want, f.name)), f.name
+    assert got.gpu_pos.is_cuda and got.miss_pos.is_cuda and not got.miss_ids.is_cuda
+    assert got.host_pos.is_cuda == got.host_slot.is_cuda == host_on_device
