@@ -33,7 +33,7 @@ def _measure(block: int, requests: int, batches: int, device: str) -> list[dict[
     """One child: compress then decompress ``batches`` batches at ``block``; per-batch µs per step."""
     import numpy as np
 
-    from carina.infra.storage.codecs import Codec, Op
+    from carina.infra.storage.codecs import Codec, Job, Op
     from carina.infra.storage.enginebench import payload_dataset
     from carina.infra.storage.zvcbatch import ZvcBatcher
 
@@ -51,11 +51,13 @@ def _measure(block: int, requests: int, batches: int, device: str) -> list[dict[
         for k in range(batches + 1):
             srcs = [data[(k * requests + i) % nblocks * block : ((k * requests + i) % nblocks + 1) * block]
                     for i in range(requests)]  # fmt: skip
-            for i, s in enumerate(srcs):
-                arena[i * slot : i * slot + block] = s
-            comp = [(Op.COMPRESS, Codec.ZVC, i * slot, block, i * slot + 2 * block, block, 0) for i in range(requests)]
+            for i, blk in enumerate(srcs):
+                arena[i * slot : i * slot + block] = blk
+            comp: list[Job] = [
+                (Op.COMPRESS, Codec.ZVC, i * slot, block, i * slot + 2 * block, block, 0) for i in range(requests)
+            ]
             if op == "compress":
-                jobs = comp
+                jobs: list[Job] = comp
             else:
                 stored = prep.run(comp)
                 jobs = [(Op.DECOMPRESS, c, i * slot + 2 * block, s, i * slot + 4 * block, block, crc)
@@ -116,7 +118,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--blocks", default="4K,64K")
     ap.add_argument("--requests", type=int, default=32, help="one-block requests per batch")
-    ap.add_argument("--batches", type=int, default=200, help="timed batches per op at 4 KiB (fewer at larger blocks, at least 20)")
+    ap.add_argument(
+        "--batches", type=int, default=200, help="timed batches per op at 4 KiB (fewer at larger blocks, at least 20)"
+    )
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--trees", default="", help="label=src_path,... (each round runs each, in this order)")
@@ -150,8 +154,9 @@ def main() -> None:
                  f"{args.rounds} rounds, trees run in the order {[t[0] for t in trees]} each round (A B A B), "
                  f"medians over rounds. {os.cpu_count()} CPUs, load average {[round(x, 1) for x in load0]} -> "
                  f"{[round(x, 1) for x in os.getloadavg()]}. {args.notes}")  # fmt: skip
+        metrics = {"rows": rows[lab], "tree": lab}
         record = make_record(name=name, figures=_figures(rows, lab), config=vars(args),
-                             command=["python", *sys.argv], metrics={"rows": rows[lab], "tree": lab}, notes=notes)  # fmt: skip
+                             command=["python", *sys.argv], metrics=metrics, notes=notes)  # fmt: skip
         print("record:", write_record(record), flush=True)
 
 
