@@ -92,9 +92,10 @@ def _child(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)  # one launch thread: its kernels on one core, as the engine's own thread
     out = []
-    for b in args.blocks.split(","):
-        block = int(b[:-1]) << 10 if b.upper().endswith("K") else int(b)
-        out += _measure(block, args.requests, args.batches, args.device)
+    for requests in (int(r) for r in args.requests.split(",")):
+        for b in args.blocks.split(","):
+            block = int(b[:-1]) << 10 if b.upper().endswith("K") else int(b)
+            out += _measure(block, requests, args.batches, args.device)
     print("ROWS " + json.dumps(out), flush=True)
 
 
@@ -102,22 +103,22 @@ def _figures(rows: dict[str, list[dict[str, Any]]], label: str) -> list[Any]:
     from carina.core.bench import Figure
 
     figs = []
-    for key in sorted({(r["block"], r["op"]) for r in rows[label]}):
+    for key in sorted({(r["requests"], r["block"], r["op"]) for r in rows[label]}):
 
-        def med(lab: str, col: str, key: tuple[int, str] = key) -> float:
-            return float(statistics.median(r[col] for r in rows[lab] if (r["block"], r["op"]) == key))
+        def med(lab: str, col: str, key: tuple[int, int, str] = key) -> float:
+            return float(statistics.median(r[col] for r in rows[lab] if (r["requests"], r["block"], r["op"]) == key))
 
         for col in ("host_cpu_us", "plan_cpu_us", "upload_cpu_us", "download_cpu_us", "scatter_cpu_us"):
             peers = {lab: med(lab, col) for lab in rows if lab != label}
-            figs.append(Figure(name=f"{key[1]}_{key[0] >> 10}k_{col}", value=med(label, col), unit="µs/batch",
-                               higher_is_better=False, peers=peers))  # fmt: skip
+            name = f"{key[2]}_{key[1] >> 10}k_{key[0]}req_{col}"
+            figs.append(Figure(name=name, value=med(label, col), unit="µs/batch", higher_is_better=False, peers=peers))
     return figs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--blocks", default="4K,64K")
-    ap.add_argument("--requests", type=int, default=32, help="one-block requests per batch")
+    ap.add_argument("--requests", default="32", help="one-block requests per batch (comma-separated: each)")
     ap.add_argument(
         "--batches", type=int, default=200, help="timed batches per op at 4 KiB (fewer at larger blocks, at least 20)"
     )
@@ -136,7 +137,7 @@ def main() -> None:
     trees = [t.split("=", 1) for t in args.trees.split(",")] if args.trees else [["this", ""]]
     rows: dict[str, list[dict[str, Any]]] = {lab: [] for lab, _ in trees}
     load0 = os.getloadavg()
-    child = [sys.executable, __file__, "--child", "--blocks", args.blocks, "--requests", str(args.requests),
+    child = [sys.executable, __file__, "--child", "--blocks", args.blocks, "--requests", args.requests,
              "--batches", str(args.batches), "--device", args.device]  # fmt: skip
     for rnd in range(args.rounds):
         for lab, path in trees:
@@ -150,7 +151,7 @@ def main() -> None:
     for lab, _ in trees:
         name = f"{args.name}_{lab}" if args.trees else args.name
         notes = (f"CPU machine, host steps only (not a GPU measurement): ZvcBatcher on device={args.device}, "
-                 f"{args.requests} one-block requests per batch, {args.batches} timed batches per op and block, "
+                 f"{args.requests} one-block requests per batch (each), {args.batches} timed batches per op and block, "
                  f"{args.rounds} rounds, trees run in the order {[t[0] for t in trees]} each round (A B A B), "
                  f"medians over rounds. {os.cpu_count()} CPUs, load average {[round(x, 1) for x in load0]} -> "
                  f"{[round(x, 1) for x in os.getloadavg()]}. {args.notes}")  # fmt: skip
