@@ -24,7 +24,7 @@ SIZE = 1 << 16
 
 def _as_lists(plan) -> list:  # type: ignore[no-untyped-def]
     groups = [(g.op, g.length, list(np.asarray(g.rows).tolist()), list(np.asarray(g.src).tolist()),
-               list(np.asarray(g.dst).tolist()), list(np.asarray(g.meta).tolist()), g.src_run, g.dst_run)
+               list(np.asarray(g.dst).tolist()), list(np.asarray(g.meta).tolist()), g.src_run, g.dst_run, g.tail)
               for g in plan.groups]  # fmt: skip
     return [groups, plan.bad, plan.other]
 
@@ -58,15 +58,18 @@ def test_plan_rules_runs_and_metadata() -> None:
         (Op.COMPRESS, Codec.ZVC, 0, 512, 4 * b, 512, 0),  # another block length: its own group
     ]
     gapped = [(Op.COMPRESS, Codec.ZVC, 0, b, 0, b, 0), (Op.COMPRESS, Codec.ZVC, 2 * b, b, b, b, 0)]
-    assert _as_lists(plan_small(gapped, SIZE, raw_reads=True))[0][0][-2:] == (False, True)
+    assert _as_lists(plan_small(gapped, SIZE, raw_reads=True))[0][0][-3:] == (False, True, False)
+    at_end = [(Op.DECOMPRESS, Codec.ZVC, SIZE - 300, 300, 0, b, 7)]  # a stored block ending at the arena's end
+    for plan in (plan_small(at_end, SIZE, raw_reads=True), plan_table(at_end, SIZE, raw_reads=True)):
+        assert plan.groups[0].tail
     for plan in (plan_small(jobs, SIZE, raw_reads=True), plan_table(jobs, SIZE, raw_reads=True)):
         got = _as_lists(plan)
         assert got[1:] == [[2, 3, 8], [6, 7]]
         assert got[0] == [
-            (Op.COMPRESS, 512, [9], [0], [4 * b], [], True, True),
-            (Op.COMPRESS, b, [0, 1], [0, b], [8 * b, 9 * b], [], True, True),
+            (Op.COMPRESS, 512, [9], [0], [4 * b], [], True, True, False),
+            (Op.COMPRESS, b, [0, 1], [0, b], [8 * b, 9 * b], [], True, True, False),
             (Op.DECOMPRESS, b, [4, 5], [2 * b, 3 * b], [12 * b, 13 * b], [Codec.ZVC, 300, 7, Codec.RAW, b, 9],
-             True, True),
+             True, True, False),
         ]  # fmt: skip
     assert _as_lists(plan_small(jobs, SIZE, raw_reads=False))[2] == [5, 6, 7]
 
@@ -160,7 +163,7 @@ def test_gather_pads_past_the_arena_end_and_scatter_writes_exactly(length: int) 
     stage = HostStage(arena, torch.from_numpy(arena))
     src = np.array([3 * length + 8, 8, length + 3])  # the first runs 8 bytes past the end; any byte offset
     out = np.full((3, length), 0xAA, dtype=np.uint8)
-    stage.gather(out, src, length)
+    stage.gather(out, list(src), length, tail=True)
     assert out[0, : length - 8].tobytes() == arena[3 * length + 8 :].tobytes() and not out[0, length - 8 :].any()
     assert (
         out[1].tobytes() == arena[8 : 8 + length].tobytes()
@@ -168,7 +171,7 @@ def test_gather_pads_past_the_arena_end_and_scatter_writes_exactly(length: int) 
     )
     before = arena.copy()
     rows = rng.integers(0, 256, (2, length), dtype=np.uint8)
-    stage.scatter(rows, np.array([5, 2 * length + 1]), length)
+    stage.scatter(rows, [5, 2 * length + 1], length)
     want = before.copy()
     want[5 : 5 + length], want[2 * length + 1 : 3 * length + 1] = rows
     assert np.array_equal(arena, want)

@@ -126,7 +126,7 @@ class ZvcBatcher:
             self._steps[(op, length)] = step
         return step
 
-    def _group(self, g: Group, stream: Any, offs: list[int]) -> tuple[np.ndarray, Any, Any]:
+    def _group(self, g: Group, stream: Any, offs: list[int]) -> tuple[Any, Any, Any]:
         """Upload one group's rows, queue its kernels and its copies back.
 
         Returns ``(destinations, rows or None, results)``, the host arrays valid once :meth:`_wait`
@@ -137,9 +137,8 @@ class ZvcBatcher:
         op, length, m = g.op, g.length, len(g.src)
         step = self._step(op, length)
         with clock.step("upload"):
-            src = np.asarray(g.src, dtype=np.int64)
             if op == Op.COMPRESS and g.src_run:  # one run: the rows are the arena's own bytes
-                rows = self.host[int(src[0]) : int(src[0]) + m * length].view(m, length)
+                rows = self.host[int(g.src[0]) : int(g.src[0]) + m * length].view(m, length)
                 args: tuple[Any, ...] = (rows.to(self.device, non_blocking=True),)
                 self.copies += self._cuda
             else:  # rows (and, to decode, each job's codec, stored length and CRC) through this thread's staging
@@ -147,7 +146,7 @@ class ZvcBatcher:
                 key = ("up", op, length, m, offs[0])
                 rows_np, meta_np, up, dev, args = self.stage.views(key, self._up_views, op, length, m, offs[0])
                 offs[0] += nbytes
-                self.stage.gather(rows_np, src, length)
+                self.stage.gather(rows_np, g.src, length, tail=g.tail)
                 if meta_np is not None:
                     meta_np[:] = g.meta
                 if dev is not up:  # one copy of rows and metadata to the device (on the CPU the rows are there)
@@ -157,8 +156,7 @@ class ZvcBatcher:
             name = "zvc-pack" if op == Op.COMPRESS else "zvc-unpack"
             blocks, res = self.graphs((name, length), step, args, stream=stream)
         with clock.step("download"):
-            dst = np.asarray(g.dst, dtype=np.int64)
-            return (dst, *self._download(blocks, res, dst, g.dst_run, length, offs))
+            return (g.dst, *self._download(blocks, res, g.dst, g.dst_run, length, offs))
 
     def _up_views(self, op: int, length: int, m: int, off: int) -> tuple[Any, ...]:
         """Staging of ``m`` rows at byte ``off`` of this thread's upload buffer: host arrays, and the step's inputs."""
@@ -175,9 +173,7 @@ class ZvcBatcher:
             args += (dev[m * length :].view(torch.int64).view(m, 3),)
         return rows, meta, up, dev, args
 
-    def _download(
-        self, blocks: Any, res: Any, dst: np.ndarray, run: bool, length: int, offs: list[int]
-    ) -> tuple[Any, Any]:
+    def _download(self, blocks: Any, res: Any, dst: Any, run: bool, length: int, offs: list[int]) -> tuple[Any, Any]:
         """Queue the copies of ``blocks`` and ``res`` to the host (none on the CPU); their host arrays."""
         if not blocks.is_cuda:
             return blocks.numpy(), res.numpy()

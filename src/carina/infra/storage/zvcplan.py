@@ -47,6 +47,7 @@ class Group:
         meta: To decode: codec, stored length and expected CRC of each job, flat (3 per job); else empty.
         src_run: Whether the sources lie back to back in order (one copy reads them all).
         dst_run: Whether the destinations do.
+        tail: Whether a source block runs past the arena's end (a stored block shorter than its row).
     """
 
     op: int
@@ -57,6 +58,7 @@ class Group:
     meta: Any = field(default_factory=list)
     src_run: bool = True
     dst_run: bool = True
+    tail: bool = False
 
 
 @dataclass(slots=True)
@@ -98,6 +100,8 @@ def plan_small(jobs: Sequence[Job], size: int, *, raw_reads: bool) -> Plan:
             g.dst.append(do)
             if op == _DECOMPRESS:
                 g.meta += (codec, sl, crc)
+                if so + length > size:
+                    g.tail = True
         elif codec == _ZVC:
             bad.append(i)
         else:
@@ -128,6 +132,7 @@ def plan_table(jobs: Sequence[Job], size: int, *, raw_reads: bool) -> Plan:
         g = Group(key >> 40, key & ((1 << 40) - 1), rows, so[rows], do[rows])
         g.meta = a[rows][:, [1, 3, 6]].reshape(-1) if g.op == _DECOMPRESS else []
         g.src_run, g.dst_run = _one_run(g.src, g.length), _one_run(g.dst, g.length)
+        g.tail = bool((g.src > size - g.length).any())
         groups.append(g)
     rest = np.flatnonzero(~ok)
     is_zvc = zvc[rest]

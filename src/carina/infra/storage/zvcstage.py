@@ -84,32 +84,34 @@ class HostStage:
             self._local.__dict__.setdefault("views", {}).clear()  # views of the old buffer keep it alive while used
         return buf
 
-    def gather(self, out: np.ndarray, src: np.ndarray, length: int) -> None:
-        """``out[i] = arena[src[i] : src[i] + length]`` for each row, zeros for bytes past the arena's end."""
-        size = len(self.arena)
-        past = src + length > size
-        if past.any():  # rare (a stored block at the arena's very end): those rows one by one
-            for i in np.flatnonzero(past).tolist():
+    def gather(self, out: np.ndarray, src: Any, length: int, *, tail: bool = False) -> None:
+        """``out[i] = arena[src[i] : src[i] + length]`` for each row (``src``: a list or an array of offsets).
+
+        ``tail``: some rows may run past the arena's end; their bytes past it are zero.
+        """
+        if tail:
+            src = np.asarray(src, dtype=np.int64)
+            past = src + length > len(self.arena)
+            for i in np.flatnonzero(past).tolist():  # a stored block at the arena's very end: row by row
                 s = int(src[i])
-                m = max(0, size - s)
-                out[i, :m] = self.arena[s:size]
+                m = max(0, len(self.arena) - s)
+                out[i, :m] = self.arena[s:]
                 out[i, m:] = 0
             keep = np.flatnonzero(~past)
             if len(keep):
                 out[keep] = self.windows(length)[src[keep]]
-            return
-        if length > LOOP_ABOVE:
+        elif length > LOOP_ABOVE:
             arena = self.arena
-            for i, s in enumerate(src.tolist()):
+            for i, s in enumerate(src.tolist() if isinstance(src, np.ndarray) else src):
                 out[i] = arena[s : s + length]
         else:
             out[...] = self.windows(length)[src]
 
-    def scatter(self, rows: np.ndarray, dst: np.ndarray, length: int) -> None:
+    def scatter(self, rows: np.ndarray, dst: Any, length: int) -> None:
         """``arena[dst[i] : dst[i] + length] = rows[i]`` for each row (every destination inside the arena)."""
         if length > LOOP_ABOVE:
             arena = self.arena
-            for i, d in enumerate(dst.tolist()):
+            for i, d in enumerate(dst.tolist() if isinstance(dst, np.ndarray) else dst):
                 arena[d : d + length] = rows[i]
         else:
             self.windows(length)[dst] = rows
