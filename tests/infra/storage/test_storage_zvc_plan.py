@@ -177,6 +177,44 @@ def test_gather_pads_past_the_arena_end_and_scatter_writes_exactly(length: int) 
     assert np.array_equal(arena, want)
 
 
+def test_the_cuda_paths_bookkeeping_on_cpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branches (device buffer, copies back into staging or straight into the arena, results
+    buffer, offsets of several groups in one batch) with CPU tensors standing in for the device's."""
+    rng = np.random.default_rng(13)
+    b, n = 4096, 8
+    arena = memoryview(bytearray(6 * n * b))
+    _fill(rng, arena, [i * b for i in range(n)], b)
+    _fill(rng, arena, [(n + i) * b for i in range(n)], 512)
+    batcher = ZvcBatcher(arena, "cpu", raw_reads=True, device_crc=True)
+    monkeypatch.setattr(batcher, "_cuda", True)
+    monkeypatch.setattr(batcher, "_wait", lambda: None)  # CPU tensors: every copy is done when it returns
+    order = rng.permutation(n)
+    for dsts in ([(2 * n + int(k)) * b for k in order], [(2 * n + i) * b for i in range(n)]):  # staged, then one run
+        jobs = [(Op.COMPRESS, Codec.ZVC, i * b, b, dsts[i], b, 0) for i in range(n)]
+        jobs += [(Op.COMPRESS, Codec.ZVC, (n + i) * b, 512, (3 * n + i) * b, 512, 0) for i in range(n)]
+        ref = memoryview(bytearray(arena))
+        copies = batcher.copies
+        got = batcher.run(jobs)
+        assert got == _one_by_one(ref, jobs) and bytes(arena) == bytes(ref)
+        assert batcher.copies - copies == 2 * 3  # per group: one copy up (or a read of the run), two back
+        pairs = enumerate(zip(jobs, got, strict=True))
+        back = [(Op.DECOMPRESS, c, j[4], s, (4 * n + i) * b, j[5], crc) for i, (j, (c, s, crc)) in pairs if s]
+        ref = memoryview(bytearray(arena))
+        assert batcher.run(back) == _one_by_one(ref, back) and bytes(arena) == bytes(ref)
+
+
+def test_buffers_are_kept_grown_by_doubling_and_growth_drops_the_views() -> None:
+    arena = np.zeros(1 << 10, dtype=np.uint8)
+    stage = HostStage(arena, torch.from_numpy(arena))
+    host = stage.buffer("up", 100, "cpu")
+    assert stage.buffer("up", 1 << 16, "cpu") is host and host.numel() == 1 << 16 and not host.is_pinned()
+    assert stage.views("k", lambda: [1]) is stage.views("k", lambda: [2])  # made once
+    grown = stage.buffer("up", (1 << 16) + 1, "cpu")
+    assert grown is not host and grown.numel() == 1 << 17 and stage.views("k", lambda: [2]) == [2]
+    dev = stage.buffer("up-device", 8, "cpu", on_device=True)
+    assert dev is not grown and dev.device.type == "cpu" and stage.buffer("up-device", 8, "cpu", on_device=True) is dev
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_cuda_path_matches_the_cpu_bit_for_bit() -> None:

@@ -167,7 +167,9 @@ class ZvcBatcher:
         flat = up.numpy()
         rows = flat[: m * length].reshape(m, length)
         meta = flat[m * length :].view(np.int64) if op == Op.DECOMPRESS else None  # 3 per row, flat
-        dev = up if not self._cuda else torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        dev = up  # on the CPU the step reads the staging itself; on CUDA a region of one device buffer per thread
+        if self._cuda:
+            dev = self.stage.buffer("up-device", off + nbytes, self.device, on_device=True)[off : off + nbytes]
         args: tuple[Any, ...] = (dev[: m * length].view(m, length),)
         if op == Op.DECOMPRESS:
             args += (dev[m * length :].view(torch.int64).view(m, 3),)
@@ -175,7 +177,7 @@ class ZvcBatcher:
 
     def _download(self, blocks: Any, res: Any, dst: Any, run: bool, length: int, offs: list[int]) -> tuple[Any, Any]:
         """Queue the copies of ``blocks`` and ``res`` to the host (none on the CPU); their host arrays."""
-        if not blocks.is_cuda:
+        if not self._cuda:
             return blocks.numpy(), res.numpy()
         m = len(dst)
         rows: Any = None

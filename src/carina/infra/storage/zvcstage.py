@@ -71,16 +71,22 @@ class HostStage:
             got = cache[key] = make(*args)
         return got
 
-    def buffer(self, which: str, nbytes: int, device: Any) -> Any:
-        """This thread's host buffer ``which`` of at least ``nbytes`` (page-locked for a CUDA ``device``)."""
+    def buffer(self, which: str, nbytes: int, device: Any, *, on_device: bool = False) -> Any:
+        """This thread's buffer ``which`` of at least ``nbytes``, kept and grown by doubling.
+
+        On the host (page-locked for a CUDA ``device``), or with ``on_device`` on ``device`` itself.
+        """
         import torch
 
         bufs: dict[str, Any] = self._local.__dict__.setdefault("bufs", {})
         buf = bufs.get(which)
         if buf is None or buf.numel() < nbytes:
             size = max(nbytes, 2 * (buf.numel() if buf is not None else 0), 1 << 16)
-            cuda = torch.device(device).type == "cuda"
-            buf = bufs[which] = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
+            if on_device:
+                buf = bufs[which] = torch.empty(size, dtype=torch.uint8, device=device)
+            else:
+                cuda = torch.device(device).type == "cuda"
+                buf = bufs[which] = torch.empty(size, dtype=torch.uint8, pin_memory=cuda)
             self._local.__dict__.setdefault("views", {}).clear()  # views of the old buffer keep it alive while used
         return buf
 
