@@ -8,7 +8,8 @@ their steps with a :class:`StepClock` (``plan``: job table, grouping, runs;
 ``upload``; ``device``: graph replays or eager steps; ``codec``: nVIDIA
 nvCOMP's calls; ``download``: the copy back and the wait for the stream;
 ``scatter``: results back into the arena and into Python tuples, timed once
-per group and once per batch; ``cpu``: jobs a batcher leaves to the CPU codecs). Wall time
+per group and once per batch for nVIDIA nvCOMP, once per batch for ZVC; ``cpu``: jobs a batcher
+leaves to the CPU codecs). ZVC times its one wait per batch as one more ``download``. Wall time
 minus thread CPU time is time the thread slept (a blocking wait, the GIL);
 with CUDA's spinning waits the two are alike. The engine's report carries the
 sums (``engine_step_<name>_{wall,cpu}_s`` and ``..._n``) to the benchmark rows::
