@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# carina.infra.storage's device tests alone (session 13): the torch engine's ZVC batches on CUDA against the
+# CPU bit for bit (test_storage_zvc_plan.py's gpu test, test_payload_engines.py's CUDA cases). hypothesis from
+# the carried .whl-hyp when the image lacks it. About 30 s.
+# Usage (repository root, carry .whl-hyp): OUT=<dir> bash benchmarks/infra_storage/lane_gpu_tests.sh
+#   -> $OUT/storage_tests/log.txt
+set -u
+PY=${PYTHON:-python3}
+mkdir -p "$OUT/storage_tests"
+LOG="$OUT/storage_tests/log.txt"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+if ! $PY -c "import hypothesis" 2>/dev/null; then
+  $PY -m pip install -q --no-index --no-deps --target /tmp/site-hyp .whl-hyp/*.whl 2>&1 | tail -2
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-hyp
+fi
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" | tee "$LOG"
+$PY -m pytest -q -p no:cacheprovider -rA tests/infra/storage/test_storage_zvc_plan.py \
+  tests/infra/storage/test_payload_engines.py 2>&1 | tee -a "$LOG"
+exit "${PIPESTATUS[0]}"
