@@ -25,6 +25,7 @@ from carina.memory.store import StoreStats, TensorStore, TierBudgets
 from carina.memory.tiers import format_bytes
 from carina.offload.blocks import find_blocks
 from carina.offload.config import AllocatorMode, ComputeDtype, ConvertOn, OffloadConfig, ResidentMode
+from carina.offload.hostmem import process_baseline
 from carina.offload.planner import Plan, PlanBudgets, make_plan, resident_plan
 from carina.offload.resident import ResidentOptimizer, ResidentRuntime
 from carina.offload.runtime import OffloadRuntime
@@ -52,10 +53,16 @@ class OffloadHandle:
     """
 
     def __init__(
-        self, runtime: OffloadRuntime | ResidentRuntime, optimizer: OffloadOptimizer | ResidentOptimizer
+        self,
+        runtime: OffloadRuntime | ResidentRuntime,
+        optimizer: OffloadOptimizer | ResidentOptimizer,
+        process_baseline: int | None = None,
     ) -> None:
         self.runtime = runtime
         self.optimizer = optimizer
+        #: Resident bytes of the process beside the model's tensors when ``wrap`` began (None: not measured,
+        #: or a resident model): outside ``host_budget`` (:func:`~carina.offload.hostmem.process_baseline`).
+        self.process_baseline = process_baseline
 
     @property
     def config(self) -> OffloadConfig:
@@ -193,6 +200,7 @@ def wrap(
     cfg = config or OffloadConfig()
     if model in _HANDLES:
         raise ConfigError("model is already wrapped", key="model")
+    baseline = process_baseline(model)  # before carina allocates: what host_budget does not cover
     device = torch.device(cfg.resolved_device())
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -224,7 +232,13 @@ def wrap(
     runtime.acts.swap_allowance = _profile_allowance(cfg, static.host_bytes)
     opt = OffloadOptimizer(optimizer, runtime, budgets)
     opt.spill = {i for i, b in enumerate(static.blocks) if b.state_on_nvme}
-    _HANDLES[model] = OffloadHandle(runtime, opt)
+    _HANDLES[model] = OffloadHandle(runtime, opt, baseline)
+    if baseline is not None and cfg.host_budget is not None:
+        log.info(
+            "host: budget %s for carina; the process besides held %s at wrap (not in the budget)",
+            format_bytes(cfg.host_budget),
+            format_bytes(baseline),
+        )
     _install_state_hooks(model, runtime)
     return model, opt
 
