@@ -97,8 +97,8 @@ class OffloadConfig(Config):
             probes). A plan that cannot fit raises ``CapacityError`` at ``wrap`` or at the first
             ``step()``. The rest of the process is not in it: the interpreter, torch and other
             libraries, a CUDA context (``carina.offload.process_baseline(model)`` measures it before
-            ``wrap``, and ``handle_of(model).process_baseline`` keeps what it was at ``wrap``; 0.39 GB
-            with torch and transformers on the CPU). To bound the whole process, pass the limit less
+            ``wrap``, and ``handle_of(model).process_baseline`` keeps what it was at ``wrap``; on the CPU:
+            ``benchmarks/results/cpu/offload_host_rss.json``). To bound the whole process, pass the limit less
             that baseline and a margin for allocator retention (``docs/offload.md``).
         nvme_path: Directory for the NVMe tier (optimizer state spills there).
         nvme_budget: Bytes of the NVMe tier (0: no NVMe tier).

@@ -176,9 +176,10 @@ def process_baseline(model: nn.Module) -> int | None:
     The process's RSS now less the bytes of the model's parameters and buffers in host memory (each
     storage once), which :func:`~carina.offload.wrap` moves into its own host buffers. Call it before
     ``wrap`` to size ``host_budget`` for a process limit: ``host_budget = limit - baseline - margin``.
-    It holds the interpreter, torch and every library imported so far (0.39 GB with torch and
-    transformers on the CPU). A CUDA context and the kernels' libraries load when first used: on a
-    GPU, measure after a first CUDA kernel has run. None where ``/proc`` is absent.
+    It holds the interpreter, torch and every library imported so far (with torch and transformers
+    on the CPU: ``process_baseline_bytes`` of ``benchmarks/results/cpu/offload_host_rss.json``).
+    A CUDA context and the kernels' libraries load when first used: on a GPU, measure after a first
+    CUDA kernel has run. None where ``/proc`` is absent.
     """
     rss = process_rss()
     if rss is None:
