@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         OverlapMode,
         ResidentMode,
     )
+    from carina.offload.hostmem import process_baseline
     from carina.offload.planner import Plan, PlanBudgets, PlanMode, make_plan
     from carina.offload.resident import ResidentOptimizer
     from carina.offload.session import OffloadOptimizer
@@ -61,6 +62,7 @@ __all__ = [
     "chunked_lm_loss",
     "handle_of",
     "make_plan",
+    "process_baseline",
     "wrap",
 ]
 
@@ -81,6 +83,7 @@ _LAZY = {
     "ResidentMode": ("carina.offload.config", "ResidentMode"),
     "ResidentOptimizer": ("carina.offload.resident", "ResidentOptimizer"),
     "make_plan": ("carina.offload.planner", "make_plan"),
+    "process_baseline": ("carina.offload.hostmem", "process_baseline"),
     "chunked_lm_loss": ("carina.offload.chunkloss", "chunked_lm_loss"),
     "OffloadOptimizer": ("carina.offload.session", "OffloadOptimizer"),
 }

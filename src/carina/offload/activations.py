@@ -111,8 +111,10 @@ class ActivationManager:
         """
         rt = self.rt
         seen = self._measured.get(self._twin(block))
-        live = sum(acts.host_bytes for acts in self._blocks.values())
-        if seen is None or self.swap_allowance is None or live + seen <= self.swap_allowance:
+        # pinned swaps cost what PyTorch's pinned allocator takes for them (powers of two), not their bytes
+        live = sum(acts.pinned_bytes or acts.host_bytes for acts in self._blocks.values())
+        cost = self._pinned.get(self._twin(block)) or seen
+        if seen is None or cost is None or self.swap_allowance is None or live + cost <= self.swap_allowance:
             rt.actions[block] = Action.SWAP
             return
         rt.actions[block] = Action.RECOMPUTE

@@ -91,8 +91,15 @@ class OffloadConfig(Config):
     Attributes:
         device: ``"auto"`` (CUDA when present, else CPU), ``"cuda"``, ``"cuda:N"`` or ``"cpu"``.
         device_budget: Bytes of device memory carina may use (None: what the device has).
-        host_budget: Bytes of host RAM for masters, optimizer state, gradients, swapped
-            activations (None: unlimited).
+        host_budget: Bytes of host RAM carina may hold (None: unlimited): masters, gradients,
+            optimizer state, swapped activations, the pinned slabs' unused tails, the spill slot,
+            and its transient buffers (the profiling steps' pinned swaps, the plan's hardware
+            probes). A plan that cannot fit raises ``CapacityError`` at ``wrap`` or at the first
+            ``step()``. The rest of the process is not in it: the interpreter, torch and other
+            libraries, a CUDA context (``carina.offload.process_baseline(model)`` measures it before
+            ``wrap``, and ``handle_of(model).process_baseline`` keeps what it was at ``wrap``; on the CPU:
+            ``benchmarks/results/cpu/offload_host_rss.json``). To bound the whole process, pass the limit less
+            that baseline and a margin for allocator retention (``docs/offload.md``).
         nvme_path: Directory for the NVMe tier (optimizer state spills there).
         nvme_budget: Bytes of the NVMe tier (0: no NVMe tier).
         activations: Activation policy; ``plan`` lets the planner choose per block.

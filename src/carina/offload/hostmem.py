@@ -29,10 +29,20 @@ from carina.memory.tiers import Tier
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from carina.memory.store import TensorStore
 
-__all__ = ["MAX_SLAB", "PinnedSlabs", "first_fit", "pinned_cache_bytes", "slab_plan", "slab_size"]
+__all__ = [
+    "MAX_SLAB",
+    "PinnedSlabs",
+    "first_fit",
+    "pinned_cache_bytes",
+    "process_baseline",
+    "process_rss",
+    "slab_plan",
+    "slab_size",
+]
 
 _ALIGN = 4096
 _MAX_SLAB = 1 << 31  # the slab for buffers added after the plan (a plan's host copies, staging)
@@ -146,3 +156,37 @@ class PinnedSlabs:
         arena = HostArena(size - _ALIGN, pin=self.pin)
         self.arenas.append(arena)
         return arena.alloc(shape, dtype)
+
+
+def process_rss() -> int | None:
+    """This process's resident bytes now (``VmRSS`` of ``/proc/self/status``; None where there is none)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def process_baseline(model: nn.Module) -> int | None:
+    """Resident bytes of this process that are not the model's: what ``host_budget`` does not cover.
+
+    The process's RSS now less the bytes of the model's parameters and buffers in host memory (each
+    storage once), which :func:`~carina.offload.wrap` moves into its own host buffers. Call it before
+    ``wrap`` to size ``host_budget`` for a process limit: ``host_budget = limit - baseline - margin``.
+    It holds the interpreter, torch and every library imported so far (with torch and transformers
+    on the CPU: ``process_baseline_bytes`` of ``benchmarks/results/cpu/offload_host_rss.json``).
+    A CUDA context and the kernels' libraries load when first used: on a GPU, measure after a first
+    CUDA kernel has run. None where ``/proc`` is absent.
+    """
+    rss = process_rss()
+    if rss is None:
+        return None
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.device.type == "cpu":
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return max(0, rss - sum(seen.values()))

@@ -31,6 +31,7 @@ __all__ = [
     "measure_hardware",
     "model_profile",
     "optimizer_kwargs",
+    "probe_numel",
     "state_bytes_per_param",
     "state_scalar_bytes",
 ]
@@ -162,6 +163,24 @@ def _copy_rate(src: torch.Tensor, dst: torch.Tensor, cuda: bool) -> float:
 #: Elements of the CPU optimizer probe, at most: big enough that one step's fixed cost (the Python
 #: step, the thread team's fork/join, about 0.1 ms) is a few percent of the kernel even on 16 cores.
 OPTIM_PROBE_MAX = 1 << 25
+#: Host bytes per element of the optimizer probe beside its state: parameter, gradient and the
+#: temporaries of an unfused step (two float32 tensors); 24 B with AdamW, as measured on the CPU.
+OPTIM_PROBE_OVERHEAD = 16
+#: Elements of a probe at least, however little room the host budget leaves (a few MB).
+PROBE_MIN = 1 << 16
+
+
+def probe_numel(numel: int, bytes_per_element: int, host_room: int | None) -> int:
+    """Elements of a probe of ``numel`` elements at most that takes at most ``host_room`` bytes.
+
+    Args:
+        numel: The probe's size without a limit.
+        bytes_per_element: Host bytes the probe takes per element (every tensor it allocates).
+        host_room: Host bytes it may take (None: no limit); at least :data:`PROBE_MIN` elements.
+    """
+    if host_room is not None:
+        numel = min(numel, max(0, host_room) // max(1, bytes_per_element))
+    return max(PROBE_MIN, numel)
 
 
 def _optimizer_rate(optimizer: torch.optim.Optimizer, numel: int = 1 << 20, threads: int = 0) -> float:
@@ -204,6 +223,7 @@ def measure_hardware(
     block_numel: int = 1 << 20,
     threads: int = 0,
     compute_dtype: torch.dtype = torch.float32,
+    host_room: int | None = None,
 ) -> Hardware:
     """Rates for the plan: configured ones where given, else measured here (a fraction of a second).
 
@@ -218,9 +238,13 @@ def measure_hardware(
             the cast (float32 master into the host copy) are timed between it and float32, over
             a block-sized buffer with the worker's thread count, like the update. The host
             memory's bandwidth is :func:`host_memory_rate` of an in-place pass and the update.
+        host_room: Host bytes the probes may take (None: no limit): the host budget less what
+            carina holds when the plan is made. Each probe is one at a time and shrunk to fit
+            (:func:`probe_numel`; at least :data:`PROBE_MIN` elements): at full size the optimizer
+            probe alone took 805 MB beside a full training state (24 B x 2**25 elements).
     """
     cuda = device.type == "cuda"
-    nbytes = (64 if cuda else 16) << 20
+    nbytes = probe_numel((64 if cuda else 16) << 20, 1, host_room)
     h2d, d2h = cfg.h2d_gbps * 1e9, cfg.d2h_gbps * 1e9
     if not (h2d and d2h):
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
@@ -229,15 +253,18 @@ def measure_hardware(
         d2h = d2h or _copy_rate(dev, host, cuda)
     optim = cfg.cpu_optimizer_gparams * 1e9
     if not optim:
-        numel = max(1 << 16, min(block_numel, OPTIM_PROBE_MAX))
+        per = OPTIM_PROBE_OVERHEAD + state_bytes_per_param(optimizer)
+        numel = probe_numel(min(block_numel, OPTIM_PROBE_MAX), per, host_room)
         optim = _optimizer_rate(optimizer, numel, threads)
     disk = cfg.disk_gbps * 1e9 or _DEFAULT_DISK
-    numel = max(1 << 16, min(block_numel, PASS_PROBE_MAX))
+    item = torch.empty((), dtype=compute_dtype).element_size()
+    numel = probe_numel(min(block_numel, PASS_PROBE_MAX), 4 + item, host_room)
     add = _pass_rate("add", compute_dtype, numel, threads) if cfg.grad_accumulation > 1 else 4e9
     fold = _pass_rate("fold", compute_dtype, numel, threads)
     cast = _pass_rate("cast", compute_dtype, numel, threads) if compute_dtype != torch.float32 else 1e10
     state = state_bytes_per_param(optimizer)
-    mem = cfg.host_mem_gbps * 1e9 or host_memory_rate(optim, state, _host_pass_rate(cuda, threads))
+    host_numel = probe_numel(HOST_PROBE_NUMEL if cuda else 1 << 22, 4, host_room)
+    mem = cfg.host_mem_gbps * 1e9 or host_memory_rate(optim, state, _host_pass_rate(host_numel, threads))
     return Hardware(h2d=h2d, d2h=d2h, optim=optim, disk=disk, grad_add=add, fold=fold, cast=cast, host_mem=mem)
 
 
@@ -255,13 +282,13 @@ def host_memory_rate(optim: float, state_bytes: int, measured: float = 0.0) -> f
 HOST_PROBE_NUMEL = 1 << 27
 
 
-def _host_pass_rate(cuda: bool, threads: int = 0) -> float:
-    """Bytes/s read plus written by an in-place float32 add over a buffer larger than the caches.
+def _host_pass_rate(numel: int, threads: int = 0) -> float:
+    """Bytes/s read plus written by an in-place float32 add over ``numel`` elements.
 
     The pass reads and writes every byte once, as the optimizer's in-place updates do; the
-    probe is small on a CPU-only machine (there, the optimizer's own rate usually bounds it).
+    probe is larger than the caches on a CUDA machine (:data:`HOST_PROBE_NUMEL`) and small on a
+    CPU-only one (there, the optimizer's own rate usually bounds it).
     """
-    numel = HOST_PROBE_NUMEL if cuda else 1 << 22
     with _team(threads):
         buf = torch.zeros(numel)
         buf.add_(1.0)

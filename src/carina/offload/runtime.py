@@ -371,14 +371,17 @@ class OffloadRuntime(GradientPath):
                 self.store.uncharge(Tier.DEVICE, g.acc.numel() * g.acc.element_size())
                 g.acc = None
         self.profiling = False
-        self._release_pinned_cache()
+        self.release_pinned_cache()
 
-    def _release_pinned_cache(self) -> None:
-        """Give PyTorch's cached pinned blocks back (profiling swapped every block's activations).
+    def release_pinned_cache(self) -> None:
+        """Give PyTorch's cached pinned blocks back (the profiling steps' swapped activations).
 
-        PyTorch keeps freed pinned host blocks cached for reuse; after the profiling steps
-        that cache holds every block's swapped activations, more host RAM than the plan
-        may need again. ``torch._C._host_emptyCache`` is private: skipped where absent.
+        PyTorch keeps freed pinned host blocks cached for reuse, rounded up to powers of two. The
+        optimizer calls this at every profiling step's ``step()``, before the updates: the first
+        step's updates make the optimizer state, and the first block's swap (always swapped, to
+        measure it: 1.5 GB of saved tensors at the 7B shape and 8k tokens, more once rounded) would
+        otherwise stay cached beside it until the plan (the H100 in session 13 peaked 3.7 GiB over
+        its host budget). ``torch._C._host_emptyCache`` is private: skipped where absent.
         """
         empty = getattr(torch._C, "_host_emptyCache", None)
         if self.mover.cuda and empty is not None:

@@ -248,6 +248,8 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         rt = self.rt
         rt.drain(keep_detached=True)  # blocks' updates queued in backward may go on into the next forward
         new_plan = None
+        if rt.profiling:  # before any update makes optimizer state: the swaps' pinned blocks go back to the OS
+            rt.release_pinned_cache()
         if rt.profiling and self.steps + 1 >= self.cfg.profile_steps:
             new_plan = self.make_plan()
         elif rt.profiling and self.steps == 0:
@@ -296,6 +298,7 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
                 block_numel=largest,
                 threads=rt.optim_threads,
                 compute_dtype=rt.rest.device.dtype,
+                host_room=self._host_room(),
             )
         count = max(1, rt.fwd_count)
         prof = model_profile(
@@ -339,6 +342,13 @@ class OffloadOptimizer(StateLending, torch.optim.Optimizer):
         if self.on_plan is not None:
             self.on_plan(plan)
         return plan
+
+    def _host_room(self) -> int | None:
+        """Host bytes left in the budget now: the ledger's, less the spill slot's buffer (charged only while in use)."""
+        if self.budgets.host is None:
+            return None
+        buf = self.spill_pipe.buffer
+        return self.budgets.host - self.rt.store.used(Tier.HOST) - (int(buf.numel()) if buf is not None else 0)
 
     def _profiled_head(self, prof: ModelProfile) -> int:
         """Device bytes the simulator puts at the head under the profiling plan (the measured one)."""
