@@ -7,7 +7,6 @@ and reports the same metrics.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -237,14 +236,11 @@ def peak_host_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def host_rss_now() -> dict[str, int]:
-    """This process's resident bytes now and its peak so far (``/proc/self/status`` VmRSS, VmHWM; Linux)."""
-    out = {"rss_bytes": 0, "peak_bytes": peak_host_rss()}
-    with contextlib.suppress(OSError):
-        for line in open("/proc/self/status", encoding="ascii"):  # noqa: SIM115 - a short read
-            if line.startswith("VmRSS:"):
-                out["rss_bytes"] = int(line.split()[1]) * 1024
-    return out
+def host_rss_now() -> dict[str, int | None]:
+    """This process's resident bytes now (carina's ``process_rss``: VmRSS) and its peak so far (ru_maxrss)."""
+    from carina.offload.hostmem import process_rss
+
+    return {"rss_bytes": process_rss(), "peak_bytes": peak_host_rss()}
 
 
 def timed_loop(spec: RunSpec, step: Any, device: str) -> RunResult:
