@@ -16,14 +16,7 @@ import argparse
 import json
 
 import torch
-
-
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
+from setup_rss_probe import _status  # the sibling probe's /proc/self/status reader (this folder is on sys.path)
 
 
 def main() -> None:
