@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # carina.infra.storage's device tests alone (session 13): the torch engine's ZVC batches on CUDA against the
 # CPU bit for bit (test_storage_zvc_plan.py's gpu test, test_payload_engines.py's CUDA cases). hypothesis from
-# the carried .whl-hyp when the image lacks it. About 30 s.
+# the carried .whl-hyp when the image lacks it. Not yet run on a device (session 13 had no time left for it);
+# on the 2-core CPU machine the two files take 6 s (the CUDA test skipped).
 # Usage (repository root, carry .whl-hyp): OUT=<dir> bash benchmarks/infra_storage/lane_gpu_tests.sh
 #   -> $OUT/storage_tests/log.txt
 set -u
