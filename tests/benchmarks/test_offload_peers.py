@@ -136,6 +136,8 @@ def test_deepspeed_config_follows_the_docs():
     big = ds_config(RunSpec(system="deepspeed_zero_infinity", shape="7b", layers=16, nvme_path="/nvme"), nvme=True)
     assert big["zero_optimization"]["offload_param"]["buffer_size"] == 32000 * 4096
     assert nvme["zero_optimization"]["offload_param"]["buffer_size"] == int(1e8)
+    # and its prefetcher may hold every free buffer: two layers' matrices, the embedding and the head (s14)
+    assert big["zero_optimization"]["offload_param"]["buffer_count"] == 16
 
 
 def test_config_names_carry_the_layer_cut():
@@ -181,3 +183,14 @@ def test_preflight_keeps_the_compilers_own_words(tmp_path):
         res = ds_preflight._parse("async_io", -11, f)
     assert res["reason"] == "async_io failed (exit -11): Segmentation fault"
     assert ds_preflight.load(None) is None and ds_preflight.load(tmp_path / "absent.json") is None
+
+
+def test_carina_takes_the_host_limit_as_given_on_the_cpu():
+    import torch
+    from systems import _carina_host_budget
+
+    model = torch.nn.Linear(4, 4)
+    spec = RunSpec(system="carina", host_budget_gib=0.5)
+    # on the CPU the model is host memory too: the configuration's budget reaches carina as it is
+    assert _carina_host_budget(spec, model, "cpu")["host_budget"] == 2**29
+    assert _carina_host_budget(RunSpec(system="carina"), model, "cpu")["host_budget"] is None

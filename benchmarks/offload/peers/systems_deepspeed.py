@@ -21,6 +21,8 @@ from typing import Any
 
 from workload import OPTIM, RunResult, RunSpec, build_model, cap_gpu, llama_config, resolve_device, split, timed_loop
 
+_MATRICES_PER_LAYER = 7  # a Llama decoder layer: q, k, v, o, gate, up, down (the norms stay on the GPU)
+
 
 def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """``offload_param`` and ``offload_optimizer``: pinned CPU memory, or NVMe with the tutorial's buffers."""
@@ -31,7 +33,16 @@ def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[st
     # under the 32000 x 4096 embedding: DeepSpeed asserts "More elements ... than buffer size", H100 s13).
     cfg = llama_config(spec)
     largest = max(cfg.vocab_size, cfg.intermediate_size) * cfg.hidden_size
-    param = common | {"buffer_count": 5, "buffer_size": max(int(1e8), largest), "max_in_cpu": int(1e9)}
+    # ``buffer_count``: the tutorial's 5 ran out on the H100 in s14 ("Not enough buffers 0 for swapping 1",
+    # DeepSpeed issue #3062): its prefetcher may take every free buffer (``partitioned_param_coordinator``
+    # stops at the free count or at twice the numel in flight), so a layer's fetch outside the trace finds
+    # none. Two decoder layers' matrices (7 each) plus the embedding and the head keep one layer's fetch
+    # and the next one's prefetch in buffers at once (16 x 131M bf16 = 4.2 GB pinned at the 7B shape).
+    param = common | {
+        "buffer_count": max(5, 2 * _MATRICES_PER_LAYER + 2),
+        "buffer_size": max(int(1e8), largest),
+        "max_in_cpu": int(1e9),
+    }
     optim = common | {"buffer_count": 4, "pipeline_read": False, "pipeline_write": False, "fast_init": False}
     return param, optim
 
