@@ -1,4 +1,4 @@
-"""The sampler thread's host reads per batch, now and before session 13 (counted on the CPU, no timing).
+"""The sampler thread's host reads per batch, now and at an earlier commit (counted on the CPU, no timing).
 
 Every read of a device value on the host (a boolean mask's size, ``nonzero``, ``unique``'s size, an
 ``int(t)``, a copy to the CPU) makes the sampler thread wait for its stream on CUDA. This counts them
@@ -7,10 +7,12 @@ this tree and of the code at ``--before`` (its ``sampler.py`` and ``cache.py``, 
 small Chung-Lu graph (the counts do not depend on the sizes)::
 
     PYTHONPATH=$PWD/src python benchmarks/gnn/bench_host_reads.py      # -> results/cpu/gnn_host_reads.json
+    PYTHONPATH=$PWD/src python benchmarks/gnn/bench_host_reads.py --before 715a07b --name gnn_host_reads_s14
 
-The earlier code's copies to the CPU (``Tensor.cpu``) are counted by wrapping that method while it runs
-(a CPU tensor's ``cpu()`` never reaches the dispatcher); its copy of the misses' order back to the device
-(``order.to(device)``) is not counted.
+Code from before session 13 (no :mod:`carina.gnn.hostread`) has its copies to the CPU (``Tensor.cpu``)
+counted by wrapping that method while it runs (a CPU tensor's ``cpu()`` never reaches the dispatcher);
+its copy of the misses' order back to the device (``order.to(device)``) is not counted. Code that reads
+through :mod:`carina.gnn.hostread` is counted by its calls alone (its ``to_host`` is a ``cpu()``).
 """
 
 from __future__ import annotations
@@ -89,12 +91,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old_sampler = module_at(a.before, "src/carina/gnn/sampler.py", "sampler_before", Path(tmp))
         old_cache = module_at(a.before, "src/carina/gnn/cache.py", "cache_before", Path(tmp))
+        old_s, old_c = (not hasattr(m, "hostread") for m in (old_sampler, old_cache))  # count Tensor.cpu
         for label, fo in FANOUTS.items():
-            for when, cls, copies in (("now", NeighborSampler, False), ("before", old_sampler.NeighborSampler, True)):
+            for when, cls, copies in (("now", NeighborSampler, False), ("before", old_sampler.NeighborSampler, old_s)):
                 s = cls(graph, fanouts=fo, seed=0)
                 counts.setdefault(f"sample {label}", {})[when] = count(lambda s=s: s.sample(seeds), copies=copies)
         n_id = NeighborSampler(graph, fanouts=[25, 10], seed=0).sample(seeds).n_id
-        for when, cls, copies in (("now", StaticCache, False), ("before", old_cache.StaticCache, True)):
+        for when, cls, copies in (("now", StaticCache, False), ("before", old_cache.StaticCache, old_c)):
             cache = cls(hotness=hot, **kw)
             for path, on_device in (("device path", True), ("cpu path", False)):
                 counts.setdefault(f"lookup {path}", {})[when] = count(
@@ -115,8 +118,8 @@ def main() -> None:
         figures=figures,
         config={"before": a.before, "fanouts": FANOUTS, "nodes": n, "seeds": seeds.numel()},
         metrics={"by_operation": counts},
-        notes="Counted on the CPU (operations that wait for the device on CUDA), not timed. The earlier "
-        "lookup's copy of the misses' order back to the device is not in its count.",
+        notes="Counted on the CPU (operations that wait for the device on CUDA), not timed."
+        + (" The earlier lookup's copy of the misses' order back to the device is not in its count." if old_c else ""),
     )
     print(write_record(rec))
     for f in figures:
