@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 import torch
 
+from carina.core.errors import ConfigError
 from carina.gnn.cache import MISS, CacheConfig, CacheLookup, StaticCache
 from carina.gnn.graph import chung_lu, from_edge_index, rmat
 from carina.gnn.sampler import NeighborSampler
@@ -174,6 +175,38 @@ def test_sampler_equals_the_session_13_sampler(graph, which, fanouts):
             assert got.num_sampled_nodes == counts_n and got.num_sampled_edges == counts_e
             assert bool((sampler._local == -1).all())  # the spare entry too
         assert torch.equal(sampler.gen.get_state(), gen.get_state())
+
+
+@pytest.mark.parametrize("fanouts,batch_size", [([25, 10], 100), ([15, 10, 5], 64), ([-1, 2], 333), ([4], 4096)])
+def test_epoch_batches_equal_the_session_13_sampler(graph, fanouts, batch_size):
+    """The first hop's sizes read once for the epoch give the batches one read each gave."""
+    train_idx = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(6))[:1000]
+    sampler = NeighborSampler(graph, fanouts=fanouts, seed=4)
+    gen = torch.Generator().manual_seed(4)
+    idx = train_idx[torch.randperm(train_idx.numel(), generator=gen)]
+    got = list(sampler.batches(train_idx, batch_size))
+    assert len(got) == -(-1000 // batch_size)
+    for i, (b, seeds) in enumerate(zip(got, idx.split(batch_size), strict=True)):
+        n_id, edge_index, counts_n, counts_e = _s13_sample(graph, fanouts, gen, seeds)
+        assert b.index == i and torch.equal(b.n_id, n_id) and torch.equal(b.edge_index, edge_index)
+        assert b.num_sampled_nodes == counts_n and b.num_sampled_edges == counts_e
+    assert torch.equal(sampler.gen.get_state(), gen.get_state())
+
+
+@pytest.mark.parametrize("fanouts", [[25, 10], [15, 10, 5]])
+def test_an_epoch_reads_the_first_hops_once(graph, fanouts):
+    sampler = NeighborSampler(graph, fanouts=fanouts, seed=0)
+    with count_host_syncs() as syncs:
+        batches = list(sampler.batches(torch.arange(0, 4096, 4), 128))
+    assert len(batches) == 8
+    assert dict(syncs.ops) == {"host_ints": 8 * len(fanouts) + 1}
+
+
+def test_batches_refuse_a_batch_size_below_one_and_sample_an_empty_epoch(graph):
+    with pytest.raises(ConfigError, match="batch_size"):
+        next(NeighborSampler(graph, fanouts=[3], seed=0).batches(torch.arange(10), 0))
+    (empty,) = NeighborSampler(graph, fanouts=[3, 2], seed=0).batches(torch.zeros(0, dtype=torch.int64), 8)
+    assert empty.n_id.numel() == 0 and empty.num_sampled_nodes == [0, 0, 0]  # as ``split`` gives: one empty batch
 
 
 def test_new_nodes_are_as_long_as_the_edges_and_count_on_the_device(graph):

@@ -8,7 +8,8 @@ than a leaf. Nodes are relabelled through a persistent map of ``num_nodes + 1``
 entries on the sampling device (reset after each batch; the last one labels
 padding), seeds first, then each hop's new nodes in id order, like PyG's
 ``NeighborLoader``. A batch reads device values on the host once per hop and
-once more (:mod:`carina.gnn.hostread`)::
+once more (:mod:`carina.gnn.hostread`); in :meth:`NeighborSampler.batches` the
+first hop's reads are one for the whole epoch::
 
     sampler = NeighborSampler(graph, fanouts=[15, 10, 5], seed=0)
     batch = sampler.sample(torch.arange(1024))
@@ -106,14 +107,19 @@ def _hop_sizes(graph: CSCGraph, nodes: torch.Tensor, fanout: int, count: torch.T
     ``count`` entries are the frontier, the rest ``num_nodes`` (degree 0 here, left out of
     ``n_small``), and ``count`` leads the result so the three come to the host in one read.
     """
+    small, edges = _groups(graph, nodes, fanout)
+    if count is None:
+        return torch.stack([small.sum(), edges.sum()])
+    valid = torch.arange(nodes.numel(), device=nodes.device) < count
+    return torch.stack([count, (small & valid).sum(), edges.sum()])
+
+
+def _groups(graph: CSCGraph, nodes: torch.Tensor, fanout: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether each node takes all its neighbours, and how many it takes that way (0 for the others)."""
     start = graph.indptr[nodes]
     deg = graph.indptr[torch.clamp(nodes + 1, max=graph.num_nodes)] - start
     small = deg <= fanout if fanout >= 0 else torch.ones_like(deg, dtype=torch.bool)
-    total = torch.where(small, deg, 0).sum()
-    if count is None:
-        return torch.stack([small.sum(), total])
-    valid = torch.arange(nodes.numel(), device=nodes.device) < count
-    return torch.stack([count, (small & valid).sum(), total])
+    return small, torch.where(small, deg, 0)
 
 
 def _draw(
@@ -215,6 +221,10 @@ class NeighborSampler:
         with its own sizes (:func:`_hop_sizes`) and the last count is read after the last hop.
         Before session 14 each hop read twice (its sizes, then ``torch.unique``'s size).
         """
+        return self._sample(seeds, index, None)
+
+    def _sample(self, seeds: torch.Tensor, index: int, first: list[int] | None) -> SampledBatch:
+        """:meth:`sample`, given the first hop's sizes (read already by :meth:`batches`) or not."""
         seeds = seeds.to(self.device, torch.int64)
         n = seeds.numel()
         local = self._local
@@ -225,7 +235,10 @@ class NeighborSampler:
         count: torch.Tensor | None = None  # new nodes in ``frontier`` (padded) when read later
         try:
             for fanout in self.fanouts:
-                sizes = hostread.host_ints(_hop_sizes(self.graph, frontier, fanout, count))
+                if first is not None and count is None:  # the first hop, its sizes read for the epoch
+                    sizes = list(first)
+                else:
+                    sizes = hostread.host_ints(_hop_sizes(self.graph, frontier, fanout, count))
                 if count is not None:
                     fresh = sizes.pop(0)
                     frontier = frontier[:fresh]
@@ -272,9 +285,32 @@ class NeighborSampler:
         return out[:-1], new.sum()
 
     def batches(self, train_idx: torch.Tensor, batch_size: int, *, shuffle: bool = True) -> Iterator[SampledBatch]:
-        """Sample one epoch of batches over ``train_idx``."""
+        """Sample one epoch of batches over ``train_idx``: one host read per hop a batch, one more a batch.
+
+        Every batch's seeds are known when the epoch starts, so the first hop's sizes of all the
+        batches are read at once (:meth:`_first_hops`: one read an epoch, not one a batch).
+
+        Raises:
+            ConfigError: ``batch_size`` is below 1.
+        """
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}", key="batch_size")
         idx = train_idx.to(self.device, torch.int64)
         if shuffle:
             idx = idx[torch.randperm(idx.numel(), generator=self.gen, device=self.device)]
+        first = self._first_hops(idx, batch_size)
         for i, chunk in enumerate(idx.split(batch_size)):
-            yield self.sample(chunk, index=i)
+            yield self._sample(chunk, i, first[2 * i : 2 * i + 2])
+
+    def _first_hops(self, idx: torch.Tensor, batch_size: int) -> list[int]:
+        """``n_small, total`` of the first hop (:func:`_hop_sizes`) of each ``batch_size`` chunk of ``idx``.
+
+        One host read; the sums are over chunks padded to ``batch_size`` with zeros (no atomics:
+        the same integers on every device), 16 bytes a seed for the epoch.
+        """
+        chunks = max(1, -(-idx.numel() // batch_size))  # ``split`` makes one empty chunk of no ids
+        small, edges = _groups(self.graph, idx, self.fanouts[0])
+        per_seed = torch.stack([small.to(torch.int64), edges], 1)
+        padded = torch.zeros(chunks * batch_size, 2, dtype=torch.int64, device=idx.device)
+        padded[: idx.numel()] = per_seed
+        return hostread.host_ints(padded.view(chunks, batch_size, 2).sum(1).reshape(-1))
