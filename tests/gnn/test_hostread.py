@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from carina.core.errors import ConfigError
+from carina.gnn import sampler as sampler_mod
 from carina.gnn.cache import MISS, CacheConfig, CacheLookup, StaticCache
 from carina.gnn.graph import chung_lu, from_edge_index, rmat
 from carina.gnn.sampler import NeighborSampler
@@ -193,13 +194,19 @@ def test_epoch_batches_equal_the_session_13_sampler(graph, fanouts, batch_size):
     assert torch.equal(sampler.gen.get_state(), gen.get_state())
 
 
+@pytest.mark.parametrize("window", [1 << 22, 300, 1])  # one window; 2 batches a window; 1 batch a window
 @pytest.mark.parametrize("fanouts", [[25, 10], [15, 10, 5]])
-def test_an_epoch_reads_the_first_hops_once(graph, fanouts):
+def test_an_epoch_reads_the_first_hops_once(graph, fanouts, window, monkeypatch):
+    monkeypatch.setattr(sampler_mod, "FIRST_HOPS_WINDOW", window)
     sampler = NeighborSampler(graph, fanouts=fanouts, seed=0)
     with count_host_syncs() as syncs:
-        batches = list(sampler.batches(torch.arange(0, 4096, 4), 128))
+        batches = list(sampler.batches(torch.arange(0, 4000, 4), 128))  # the last batch 104 seeds
     assert len(batches) == 8
     assert dict(syncs.ops) == {"host_ints": 8 * len(fanouts) + 1}
+    want = NeighborSampler(graph, fanouts=fanouts, seed=0)
+    want_idx = torch.arange(0, 4000, 4)[torch.randperm(1000, generator=want.gen)]
+    for b, seeds in zip(batches, want_idx.split(128), strict=True):
+        assert torch.equal(b.n_id, want.sample(seeds).n_id)
 
 
 def test_batches_refuse_a_batch_size_below_one_and_sample_an_empty_epoch(graph):

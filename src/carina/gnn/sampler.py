@@ -28,7 +28,10 @@ from carina.core.errors import ConfigError
 from carina.gnn import hostread
 from carina.gnn.graph import CSCGraph
 
-__all__ = ["NeighborSampler", "SampledBatch", "sample_uniform"]
+__all__ = ["FIRST_HOPS_WINDOW", "NeighborSampler", "SampledBatch", "sample_uniform"]
+
+FIRST_HOPS_WINDOW = 1 << 22
+"""Most training ids whose first-hop sizes :meth:`NeighborSampler.batches` sums at once (whole batches)."""
 
 
 @dataclass
@@ -305,12 +308,19 @@ class NeighborSampler:
     def _first_hops(self, idx: torch.Tensor, batch_size: int) -> list[int]:
         """``n_small, total`` of the first hop (:func:`_hop_sizes`) of each ``batch_size`` chunk of ``idx``.
 
-        One host read; the sums are over chunks padded to ``batch_size`` with zeros (no atomics:
-        the same integers on every device), 16 bytes a seed for the epoch.
+        One host read. The sums are over chunks padded to ``batch_size`` with zeros (no atomics:
+        the same integers on every device), taken over windows of whole chunks of at most
+        :data:`FIRST_HOPS_WINDOW` ids (or one chunk), so the temporaries stay bounded however
+        large the epoch (about 50 bytes an id in a window) and only 16 bytes a chunk are kept.
         """
         chunks = max(1, -(-idx.numel() // batch_size))  # ``split`` makes one empty chunk of no ids
-        small, edges = _groups(self.graph, idx, self.fanouts[0])
-        per_seed = torch.stack([small.to(torch.int64), edges], 1)
-        padded = torch.zeros(chunks * batch_size, 2, dtype=torch.int64, device=idx.device)
-        padded[: idx.numel()] = per_seed
-        return hostread.host_ints(padded.view(chunks, batch_size, 2).sum(1).reshape(-1))
+        per_window = max(1, FIRST_HOPS_WINDOW // batch_size) * batch_size
+        sums = []
+        for lo in range(0, chunks * batch_size, per_window):
+            part = idx[lo : lo + per_window]
+            small, edges = _groups(self.graph, part, self.fanouts[0])
+            width = min(per_window, chunks * batch_size - lo)
+            padded = torch.zeros(width, 2, dtype=torch.int64, device=idx.device)
+            padded[: part.numel()] = torch.stack([small.to(torch.int64), edges], 1)
+            sums.append(padded.view(-1, batch_size, 2).sum(1))
+        return hostread.host_ints(torch.cat(sums).reshape(-1))
