@@ -16,7 +16,7 @@ that cause one on CUDA can be counted instead. :func:`count_host_syncs` records,
 
     with count_host_syncs() as syncs:
         sampler.sample(seeds)
-    assert syncs.total == 2 * len(sampler.fanouts)
+    assert syncs.total == len(sampler.fanouts) + 1
 """
 
 from __future__ import annotations
