@@ -39,13 +39,13 @@ def test_step_clock_counts_each_step_and_forgets_on_reset() -> None:
 
 def test_laps_time_consecutive_steps_and_are_added_once() -> None:
     clock = StepClock()
-    for _ in range(2):
+    for k in range(2):
         laps = clock.laps()
         sum(range(1000))
         laps.lap("plan")
         for _ in range(3):
             laps.lap("upload")
-        assert clock.report() == {} or clock.report()["engine_step_plan_n"] == 1  # nothing added before close
+        assert clock.report().get("engine_step_plan_n", 0) == k  # nothing added before close
         laps.close()
         laps.close()  # a second close adds nothing
     got = clock.report()
