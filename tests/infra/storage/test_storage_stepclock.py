@@ -37,6 +37,23 @@ def test_step_clock_counts_each_step_and_forgets_on_reset() -> None:
     assert clock.report() == {}
 
 
+def test_laps_time_consecutive_steps_and_are_added_once() -> None:
+    clock = StepClock()
+    for k in range(2):
+        laps = clock.laps()
+        sum(range(1000))
+        laps.lap("plan")
+        for _ in range(3):
+            laps.lap("upload")
+        assert clock.report().get("engine_step_plan_n", 0) == k  # nothing added before close
+        laps.close()
+        laps.close()  # a second close adds nothing
+    got = clock.report()
+    assert got["engine_step_plan_n"] == 2 and got["engine_step_upload_n"] == 6
+    assert set(got) == {f"engine_step_{s}_{k}" for s in ("plan", "upload") for k in ("wall_s", "cpu_s", "n")}
+    assert all(v >= 0 for v in got.values())
+
+
 def _round_trip(engine, codec: Codec, n: int) -> None:
     """``n`` one-block requests compressed as one batch, then decompressed as another; bit-exact."""
     sparse = bytearray(B)  # ZVC shrinks sparse blocks (text it stores raw, and raw reads stay on the CPU here)

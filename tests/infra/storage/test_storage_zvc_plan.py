@@ -196,11 +196,56 @@ def test_the_cuda_paths_bookkeeping_on_cpu_tensors(monkeypatch: pytest.MonkeyPat
         copies = batcher.copies
         got = batcher.run(jobs)
         assert got == _one_by_one(ref, jobs) and bytes(arena) == bytes(ref)
-        assert batcher.copies - copies == 2 * 3  # per group: one copy up (or a read of the run), two back
+        # up: one copy per group (or a read of the run); back: one copy of the rows and results of a staged group
+        # (the 512-byte one, and the 4 KiB one first), two for rows straight into the arena and results apart
+        run = dsts[1] - dsts[0] == b
+        assert batcher.copies - copies == 2 + 1 + (2 if run else 1)
         pairs = enumerate(zip(jobs, got, strict=True))
         back = [(Op.DECOMPRESS, c, j[4], s, (4 * n + i) * b, j[5], crc) for i, (j, (c, s, crc)) in pairs if s]
         ref = memoryview(bytearray(arena))
         assert batcher.run(back) == _one_by_one(ref, back) and bytes(arena) == bytes(ref)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([8, 512, 4096]), st.lists(st.floats(0, 1), min_size=1, max_size=10), st.booleans(),
+       st.booleans(), st.integers(0, 2**32 - 1))  # fmt: skip
+def test_the_cuda_branch_reads_rows_and_results_back_in_one_copy_bit_for_bit(
+    length: int, densities: list[float], src_run: bool, dst_run: bool, seed: int
+) -> None:
+    """The CUDA branch on CPU tensors (staged or straight from the arena, one copy back of the rows and results
+    of a staged group, offsets in the kept buffers), batch after batch through one batcher: the same results
+    and bytes as the CPU branch and as each job alone, compressing and reading back."""
+    rng = np.random.default_rng(seed)
+    n = len(densities)
+    gap = length if src_run else 2 * length
+    arena = memoryview(bytearray(n * gap + 4 * n * length))
+    fake = ZvcBatcher(arena, "cpu", raw_reads=True, device_crc=True)
+    fake._cuda = True  # the CUDA branch's host side, with CPU tensors for the device's
+    fake._wait = lambda: None  # type: ignore[method-assign]  # CPU tensors: every copy is done when it returns
+    plain_arena = memoryview(bytearray(arena))
+    plain = ZvcBatcher(plain_arena, "cpu", raw_reads=True, device_crc=True)
+    base = n * gap
+    order = list(range(n)) if dst_run else [int(k) for k in rng.permutation(n)]
+    for _ in range(2):
+        blocks = [bytes((rng.integers(1, 256, length) * (rng.random(length) < d)).astype(np.uint8)) for d in densities]
+        for i, blk in enumerate(blocks):
+            arena[i * gap : i * gap + length] = plain_arena[i * gap : i * gap + length] = blk
+        jobs = [(Op.COMPRESS, Codec.ZVC, i * gap, length, base + order[i] * length, length, 0) for i in range(n)]
+        ref = memoryview(bytearray(arena))
+        copies = fake.copies
+        got = fake.run(jobs)
+        assert got == plain.run(jobs) == _one_by_one(ref, jobs)
+        assert bytes(arena) == bytes(plain_arena) == bytes(ref)
+        assert fake.copies - copies == 1 + (2 if order == list(range(n)) else 1)  # up; back (in order: a run)
+        out = base + n * length
+        kept = [i for i, r in enumerate(got) if r[1]]  # all-zero blocks are holes: nothing to read back
+        back = [(Op.DECOMPRESS, got[i][0], jobs[i][4], got[i][1], out + order[i] * length, length, got[i][2])
+                for i in kept]  # fmt: skip
+        ref = memoryview(bytearray(arena))
+        got = fake.run(back)
+        assert got == plain.run(back) == _one_by_one(ref, back) and [r[1] for r in got] == [length] * len(back)
+        assert bytes(arena) == bytes(plain_arena) == bytes(ref)
+        assert [bytes(arena[j[4] : j[4] + length]) for j in back] == [blocks[i] for i in kept]
 
 
 def test_buffers_are_kept_grown_by_doubling_and_growth_drops_the_views() -> None:
@@ -232,3 +277,30 @@ def test_the_cuda_path_matches_the_cpu_bit_for_bit() -> None:
         cuda = ZvcBatcher(gpu_arena, "cuda", raw_reads=True)
         assert cuda.run(back) == ZvcBatcher(cpu_arena, "cpu", raw_reads=True).run(back)
         assert bytes(gpu_arena) == bytes(cpu_arena) and cuda.copies > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batches_after_the_first_upload_into_the_graphs_inputs_bit_for_bit() -> None:
+    """Batch after batch through one CUDA batcher on a stream: from the second batch of a bucket the rows
+    go straight into the graph's inputs and the rows and results come back in one copy."""
+    rng = np.random.default_rng(14)
+    b, n = 4096, 6
+    cpu_arena = memoryview(bytearray(6 * n * b))
+    gpu_arena = memoryview(bytearray(cpu_arena))
+    cpu = ZvcBatcher(cpu_arena, "cpu", raw_reads=True)
+    cuda = ZvcBatcher(gpu_arena, "cuda", raw_reads=True)
+    stream = torch.cuda.Stream()
+    for k in range(4):
+        blocks = _fill(rng, cpu_arena, [2 * i * b for i in range(n)], b)
+        for i, blk in enumerate(blocks):
+            gpu_arena[2 * i * b : (2 * i + 1) * b] = blk
+        order = rng.permutation(n) if k % 2 else np.arange(n)
+        jobs = [(Op.COMPRESS, Codec.ZVC, 2 * i * b, b, (2 * n + int(order[i])) * b, b, 0) for i in range(n)]
+        want = cpu.run(jobs)
+        assert cuda.run(jobs, stream=stream) == want
+        back = [(Op.DECOMPRESS, c, j[4], s, (4 * n + i) * b, b, crc) for i, (j, (c, s, crc)) in enumerate(
+            zip(jobs, want, strict=True)) if s]  # fmt: skip
+        assert cuda.run(back, stream=stream) == cpu.run(back)
+        assert bytes(gpu_arena) == bytes(cpu_arena)
+    assert cuda.graphs.replays == 8 and cuda.graphs.inputs(("zvc-pack", b), n) is not None

@@ -7,7 +7,8 @@ depth 32 sets the pace (measured on the H200: about 2.6 ms of host time per
 batch of ~8 reads). :class:`GraphRunner` captures such a step once per row
 count *bucket* (the next power of two) and launch thread, then replays it:
 the batch's inputs are copied into the graph's static inputs (padding rows
-keep stale values; their outputs are dropped), one replay runs every kernel,
+keep stale values; their outputs are dropped) unless the caller put them there itself
+(:meth:`GraphRunner.inputs`), one replay runs every kernel,
 and the outputs are views of the graph's static outputs, valid until the next
 replay of the same graph on the same thread. Off CUDA, for buckets larger
 than ``max_bytes`` of rows, or where capture fails, the step runs eagerly
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["GraphRunner", "bucket_of"]
 
@@ -56,11 +57,13 @@ class GraphRunner:
                  stream: Any = None) -> tuple[Any, ...]:  # fmt: skip
         """``fn(*args)``, through this thread's graph for ``key`` and the batch's bucket when it can."""
         first = args[0]
+        if stream is None or not first.is_cuda:  # off CUDA: no more questions (the launch thread's time)
+            self.eager += 1
+            return fn(*args)
         n = first.shape[0]
         bucket = bucket_of(n)
-        row_bytes = first[0].numel() * first.element_size() if n else 0
-        if (not first.is_cuda or stream is None or bucket * row_bytes > self.max_bytes
-                or (key, bucket) in self._broken):  # fmt: skip
+        row_bytes = first.numel() // n * first.element_size() if n else 0
+        if bucket * row_bytes > self.max_bytes or (key, bucket) in self._broken:
             self.eager += 1
             return fn(*args)
         graphs: dict[Hashable, Any] = self._local.__dict__.setdefault("graphs", {})
@@ -71,15 +74,33 @@ class GraphRunner:
                 self.eager += 1
                 return fn(*args)
             graphs[(key, bucket)] = entry
-        graph, statics, outs = entry
+        graph, statics, outs, _ = entry
         for static, arg in zip(statics, args, strict=True):
-            static[:n].copy_(arg, non_blocking=True)
+            if arg.data_ptr() != static.data_ptr():  # not already there (see :meth:`inputs`)
+                static[:n].copy_(arg, non_blocking=True)
         graph.replay()
         self.replays += 1
         return tuple(out[:n] for out in outs)
 
+    def inputs(self, key: Hashable, n: int) -> tuple[Any, ...] | None:
+        """The first ``n`` rows of this thread's static inputs of the graph for ``key`` and ``n`` rows.
+
+        ``None`` until that graph is captured (the first call for its bucket). A caller that copies a
+        batch's inputs straight into them and passes them as the step's arguments saves the copies
+        :meth:`__call__` makes otherwise, one device-to-device copy (and host call) per argument.
+        """
+        graphs = self._local.__dict__.get("graphs")
+        entry = graphs.get((key, bucket_of(n))) if graphs else None
+        if entry is None:
+            return None
+        views = entry[3]
+        got = views.get(n)
+        if got is None:
+            got = views[n] = tuple(static[:n] for static in entry[1])
+        return cast(tuple[Any, ...], got)
+
     def _capture(self, key: Hashable, bucket: int, fn: Callable[..., tuple[Any, ...]], args: Sequence[Any],
-                 stream: Any) -> tuple[Any, list[Any], tuple[Any, ...]] | None:  # fmt: skip
+                 stream: Any) -> tuple[Any, list[Any], tuple[Any, ...], dict[int, Any]] | None:  # fmt: skip
         """Capture ``fn`` on static inputs of ``bucket`` rows; ``None`` (and eager from now on) if it fails."""
         import torch
 
@@ -97,4 +118,4 @@ class GraphRunner:
             log.warning("CUDA graph capture of %s (%d rows) failed, running it eagerly: %s", key, bucket, exc)
             self._broken.add((key, bucket))
             return None
-        return graph, statics, tuple(outs)
+        return graph, statics, tuple(outs), {}

@@ -5,7 +5,7 @@ of payload (a launch sequence costs about the same for 4 KiB or 4 MiB); each pie
 in a launch thread of its own, on that thread's CUDA stream, through
 :class:`~carina.infra.storage.zvcbatch.ZvcBatcher` (one host-to-device copy and
 one kernel sequence per block length, one device-to-host copy of the blocks and
-one of the results per block length, one wait per batch). While one piece waits for its
+their results per block length, one wait per batch). While one piece waits for its
 copies another piece's kernels run, so copies and compute of different
 pieces overlap. On CUDA the arena is registered with ``cudaHostRegister``
 (page-locked in place): payloads are DMA'd straight from the slots that the

@@ -40,7 +40,7 @@ def zvc_decompress(bitmaps: Any, values: Any) -> Any:
     return out.masked_scatter_(mask, values)
 
 
-def pack_rows(rows: Any) -> tuple[Any, Any, Any]:
+def pack_rows(rows: Any, *, out: Any = None) -> tuple[Any, Any, Any]:
     """ZVC-encode each row of ``(n, L)`` uint8 ``rows`` in place of its block, all rows in one launch sequence.
 
     Returns ``(packed (n, L), codec (n,), size (n,))``: a row that shrinks holds
@@ -48,6 +48,7 @@ def pack_rows(rows: Any) -> tuple[Any, Any, Any]:
     that does not shrink is copied raw (codec RAW, size ``L``); an all-zero row
     is a hole (codec RAW, size 0, all zero). No step depends on a value read
     back from the device, so a batch is launched without a synchronisation.
+    ``out``: an ``(n, L)`` uint8 tensor the packed rows are written into (and returned).
     """
     torch = _torch()
     n, length = rows.shape
@@ -57,12 +58,12 @@ def pack_rows(rows: Any) -> tuple[Any, Any, Any]:
     counts = cum[:, -1].to(torch.int64)
     # byte j goes to head + (its rank among non-zero bytes); zeros and bytes past the row go to column L
     target = torch.where(mask, cum + (head - 1), length).clamp_(max=length)
-    out = torch.zeros((n, length + 1), dtype=torch.uint8, device=rows.device)
-    out.scatter_(1, target.to(torch.int64), rows)
-    out[:, :head] = _bitmap(mask)
+    spread = torch.zeros((n, length + 1), dtype=torch.uint8, device=rows.device)
+    spread.scatter_(1, target.to(torch.int64), rows)
+    spread[:, :head] = _bitmap(mask)
     size = head + counts
     raw = size >= length
-    packed = rows * raw.unsqueeze(1) + out[:, :length] * ~raw.unsqueeze(1)
+    packed = torch.add(rows * raw.unsqueeze(1), spread[:, :length] * ~raw.unsqueeze(1), out=out)
     size = torch.where(counts == 0, 0, torch.where(raw, length, size))
     codec = torch.where(raw | (counts == 0), int(Codec.RAW), int(Codec.ZVC))
     return packed, codec, size

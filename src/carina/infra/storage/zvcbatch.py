@@ -8,18 +8,21 @@ whose sources lie back to back is read straight from the arena (which
 :class:`~carina.infra.storage.torch_engine.TorchEngine` registers with CUDA, so the copy is DMA);
 otherwise its blocks, and the codec, stored length and CRC that decoding checks, are gathered into this
 launch thread's staging buffer by one numpy call (:mod:`carina.infra.storage.zvcstage`) and go to the
-device in one copy. Blocks come back in one copy per group, straight into the arena when their
-destinations lie back to back, with an ``(n, 3)`` array of results; the host waits once per batch for
-every group. Buffers and the views into them are kept per launch thread and batch shape, so a batch
-like the last one makes no allocations and no new tensors. With ``device="cpu"`` the same code runs in
-torch on the CPU (the copies to and from the device are then none)::
+device in one copy. Once the launch thread's CUDA graph for a group's bucket exists, those copies go
+straight into the graph's inputs (:meth:`~carina.infra.storage.graphs.GraphRunner.inputs`), so the
+replay copies nothing. The steps write each row's ``(codec, size or status, CRC)`` and the rows into
+one buffer, results first, so a group comes back in one copy into the staging (or, when its
+destinations lie back to back, its rows straight into the arena and its results apart); the host
+waits once per batch for every group. Buffers and the views into them are kept per launch thread and
+batch shape, so a batch like the last one makes no allocations and no new tensors. With
+``device="cpu"`` the same code runs in torch on the CPU (the copies to and from the device are then
+none)::
 
     results = ZvcBatcher(arena_view, "cuda", raw_reads=True).run(jobs, stream=stream)
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import zlib
@@ -30,12 +33,15 @@ import numpy as np
 
 from carina.infra.storage.blockcodec import ERR_CHECKSUM, ERR_CORRUPT, Codec, Job, Op, Result, run_cpu_jobs
 from carina.infra.storage.graphs import GraphRunner
-from carina.infra.storage.stepclock import StepClock
+from carina.infra.storage.stepclock import Laps, StepClock
 from carina.infra.storage.zvc import pack_rows, unpack_rows
 from carina.infra.storage.zvcplan import Group, plan_jobs
 from carina.infra.storage.zvcstage import HostStage
 
 __all__ = ["ZvcBatcher", "host_crc32", "read_back", "run_zvc_jobs"]
+
+_COMPRESS, _DECOMPRESS = int(Op.COMPRESS), int(Op.DECOMPRESS)
+_NAMES = {_COMPRESS: "zvc-pack", _DECOMPRESS: "zvc-unpack"}  # graph keys, by operation
 
 
 class ZvcBatcher:
@@ -59,6 +65,7 @@ class ZvcBatcher:
 
         self.mv = mv
         self.arena = np.frombuffer(mv, dtype=np.uint8)
+        self._size = len(self.arena)
         self.host = torch.from_numpy(self.arena)
         self.stage = HostStage(self.arena, self.host)
         self.graphs = GraphRunner()
@@ -68,6 +75,7 @@ class ZvcBatcher:
         self.device_crc = device != "cpu" if device_crc is None else device_crc
         self.copies = 0
         self._cuda = torch.device(device).type == "cuda"
+        self._u8 = torch.uint8
         self._steps: dict[tuple[int, int], Any] = {}  # (op, block length) -> its device step, CRC bound
         self._local = threading.local()  # each launch thread's wait event
 
@@ -77,43 +85,50 @@ class ZvcBatcher:
         Jobs the device does not take run on the CPU (:func:`~carina.infra.storage.blockcodec.run_cpu_jobs`),
         while the device works, except malformed ZVC jobs (block length not a multiple of 8, too small a
         destination), which fail with ``ERR_CORRUPT``. Every group's copies back are queued before one
-        wait for all of them.
+        wait for all of them. The steps are timed as laps (:class:`~carina.infra.storage.stepclock.Laps`).
         """
-        n = len(jobs)
-        if not n:
+        if not jobs:
             return []
-        clock = self.clock
-        with clock.step("plan"):
-            plan = plan_jobs(jobs, len(self.arena), raw_reads=self.raw_reads)
-        pending = []
-        ctx: Any = contextlib.nullcontext()
-        if plan.groups and stream is not None:
+        laps = self.clock.laps()
+        try:
+            if stream is None:
+                return self._run(jobs, None, laps)
             import torch
 
-            ctx = torch.cuda.stream(stream)
-        with ctx:
-            offs = [0, 0, 0]  # this batch's use of its buffers: upload and download bytes, result rows
-            for g in plan.groups:
-                pending.append((g, *self._group(g, stream, offs)))
-            out = np.zeros((n, 3), dtype=np.int64) if plan.bad or plan.other or len(plan.groups) != 1 else None
-            if plan.bad or plan.other:
-                assert out is not None
-                out[plan.bad] = (int(Codec.ZVC), ERR_CORRUPT, 0)
-                if plan.other:
-                    with clock.step("cpu"):
-                        out[plan.other] = run_cpu_jobs(self.mv, [jobs[i] for i in plan.other])
-            if self._cuda and plan.groups:
-                with clock.step("download"):
-                    self._wait()
-        with clock.step("scatter"):
-            for g, dst, rows, res in pending:
-                if rows is not None:
-                    self.stage.scatter(rows, dst, g.length)
-                if out is None:  # one group of every job, in order: its results are the batch's
-                    return cast(list[Result], list(map(tuple, res.tolist())))
-                out[g.rows] = res
-            assert out is not None
-            return cast(list[Result], list(map(tuple, out.tolist())))
+            with torch.cuda.stream(stream):
+                return self._run(jobs, stream, laps)
+        finally:
+            laps.close()
+
+    def _run(self, jobs: Sequence[Job], stream: Any, laps: Laps) -> list[Result]:
+        """:meth:`run` on the current stream, its steps timed as ``laps``."""
+        plan = plan_jobs(jobs, self._size, raw_reads=self.raw_reads)
+        laps.lap("plan")
+        offs = [0, 0, 0]  # this batch's use of its buffers: upload and download bytes, result rows
+        pending = [self._group(g, stream, offs, laps) for g in plan.groups]
+        bad, other = plan.bad, plan.other
+        out = np.zeros((len(jobs), 3), dtype=np.int64) if bad or other or len(pending) != 1 else None
+        if out is not None and (bad or other):
+            out[bad] = (int(Codec.ZVC), ERR_CORRUPT, 0)
+            if other:
+                out[other] = run_cpu_jobs(self.mv, [jobs[i] for i in other])
+                laps.lap("cpu")
+        if self._cuda and pending:
+            self._wait()
+            laps.lap("download")
+        scatter = self.stage.scatter
+        for g, rows, res in pending:
+            if rows is not None:
+                scatter(rows, g.dst, g.length)
+            if out is None:  # one group of every job, in order: its results are the batch's
+                got = list(map(tuple, res.tolist()))
+                laps.lap("scatter")
+                return cast(list[Result], got)
+            out[g.rows] = res
+        assert out is not None
+        got = list(map(tuple, out.tolist()))
+        laps.lap("scatter")
+        return cast(list[Result], got)
 
     def _step(self, op: int, length: int) -> Any:
         """The device step of ``op`` on blocks of ``length`` bytes, with its CRC bound (made once)."""
@@ -126,60 +141,88 @@ class ZvcBatcher:
             self._steps[(op, length)] = step
         return step
 
-    def _group(self, g: Group, stream: Any, offs: list[int]) -> tuple[Any, Any, Any]:
+    def _group(self, g: Group, stream: Any, offs: list[int], laps: Laps) -> tuple[Group, Any, Any]:
         """Upload one group's rows, queue its kernels and its copies back.
 
-        Returns ``(destinations, rows or None, results)``, the host arrays valid once :meth:`_wait`
-        returns; rows are ``None`` when they were copied straight into the arena (CUDA, one run of
-        back-to-back destinations).
+        Returns ``(group, rows or None, results)``, the host arrays valid once :meth:`_wait` returns;
+        rows are ``None`` when they were copied straight into the arena (CUDA, one run of back-to-back
+        destinations).
         """
-        clock = self.clock
         op, length, m = g.op, g.length, len(g.src)
-        step = self._step(op, length)
-        with clock.step("upload"):
-            if op == Op.COMPRESS and g.src_run:  # one run: the rows are the arena's own bytes
-                rows = self.host[int(g.src[0]) : int(g.src[0]) + m * length].view(m, length)
-                args: tuple[Any, ...] = (rows.to(self.device, non_blocking=True),)
-                self.copies += self._cuda
-            else:  # rows (and, to decode, each job's codec, stored length and CRC) through this thread's staging
-                nbytes = m * length + (24 * m if op == Op.DECOMPRESS else 0)
-                key = ("up", op, length, m, offs[0])
-                rows_np, meta_np, up, dev, args = self.stage.views(key, self._up_views, op, length, m, offs[0])
-                offs[0] += nbytes
-                self.stage.gather(rows_np, g.src, length, tail=g.tail)
-                if meta_np is not None:
-                    meta_np[:] = g.meta
-                if dev is not up:  # one copy of rows and metadata to the device (on the CPU the rows are there)
-                    dev.copy_(up, non_blocking=True)
-                    self.copies += 1
-        with clock.step("device"):
-            name = "zvc-pack" if op == Op.COMPRESS else "zvc-unpack"
-            blocks, res = self.graphs((name, length), step, args, stream=stream)
-        with clock.step("download"):
-            return (g.dst, *self._download(blocks, res, g.dst, g.dst_run, length, offs))
+        step = self._steps.get((op, length)) or self._step(op, length)
+        name = (_NAMES[op], length)
+        # on CUDA, once this thread's graph for the bucket exists, the rows go straight into its inputs
+        statics = self.graphs.inputs(name, m) if self._cuda else None
+        if op == _COMPRESS and g.src_run:  # one run: the rows are the arena's own bytes
+            s0 = int(g.src[0])
+            args: tuple[Any, ...] = (self.host[s0 : s0 + m * length].view(m, length),)
+            if statics is not None:
+                statics[0].copy_(args[0], non_blocking=True)
+                args = statics
+            elif self._cuda:
+                args = (args[0].to(self.device, non_blocking=True),)
+            self.copies += self._cuda
+        else:  # rows (and, to decode, each job's codec, stored length and CRC) through this thread's staging
+            key = (op, length, m, offs[0])
+            rows_np, meta_np, up, dev, args, host_args, nbytes = self.stage.views(key, self._up_views, *key)
+            offs[0] += nbytes
+            self.stage.gather(rows_np, g.src, length, tail=g.tail)
+            if meta_np is not None:
+                meta_np[:] = g.meta
+            if statics is not None:  # rows, then metadata, into the graph's inputs: no copies in the replay
+                for static, host in zip(statics, host_args, strict=True):
+                    static.copy_(host, non_blocking=True)
+                args = statics
+                self.copies += len(statics)
+            elif dev is not up:  # one copy of rows and metadata to the device (on the CPU the rows are there)
+                dev.copy_(up, non_blocking=True)
+                self.copies += 1
+        laps.lap("upload")
+        blocks, res = self.graphs(name, step, args, stream=stream)
+        laps.lap("device")
+        got = self._download(blocks, res, g.dst, g.dst_run, length, offs)
+        laps.lap("download")
+        return g, got[0], got[1]
 
     def _up_views(self, op: int, length: int, m: int, off: int) -> tuple[Any, ...]:
         """Staging of ``m`` rows at byte ``off`` of this thread's upload buffer: host arrays, and the step's inputs."""
         import torch
 
-        nbytes = m * length + (24 * m if op == Op.DECOMPRESS else 0)
+        nbytes = m * length + (24 * m if op == _DECOMPRESS else 0)
         up = self.stage.buffer("up", off + nbytes, self.device)[off : off + nbytes]
         flat = up.numpy()
         rows = flat[: m * length].reshape(m, length)
-        meta = flat[m * length :].view(np.int64) if op == Op.DECOMPRESS else None  # 3 per row, flat
+        meta = flat[m * length :].view(np.int64) if op == _DECOMPRESS else None  # 3 per row, flat
         dev = up  # on the CPU the step reads the staging itself; on CUDA a region of one device buffer per thread
         if self._cuda:
             dev = self.stage.buffer("up-device", off + nbytes, self.device, on_device=True)[off : off + nbytes]
         args: tuple[Any, ...] = (dev[: m * length].view(m, length),)
-        if op == Op.DECOMPRESS:
+        host_args: tuple[Any, ...] = (up[: m * length].view(m, length),)  # the same, on the host (CUDA graphs)
+        if op == _DECOMPRESS:
             args += (dev[m * length :].view(torch.int64).view(m, 3),)
-        return rows, meta, up, dev, args
+            host_args += (up[m * length :].view(torch.int64).view(m, 3),)
+        return rows, meta, up, dev, args, host_args, nbytes
 
     def _download(self, blocks: Any, res: Any, dst: Any, run: bool, length: int, offs: list[int]) -> tuple[Any, Any]:
-        """Queue the copies of ``blocks`` and ``res`` to the host (none on the CPU); their host arrays."""
+        """Queue the copies of ``blocks`` and ``res`` to the host (none on the CPU); their host arrays.
+
+        The steps write their results and rows back to back (:func:`_results_and_rows`), so a group whose
+        rows go through the read-back staging comes back in one copy; a group whose destinations lie back
+        to back has its rows copied straight into the arena, and its results apart.
+        """
         if not self._cuda:
             return blocks.numpy(), res.numpy()
         m = len(dst)
+        gap = blocks.data_ptr() - res.data_ptr()  # 24 bytes per row of the steps' buffer (a graph's: its bucket's)
+        if (not run and gap >= 24 * m and gap % 24 == 0
+                and blocks.untyped_storage().data_ptr() == res.untyped_storage().data_ptr()):  # fmt: skip
+            span = gap + m * length
+            key = ("both", length, m, gap, offs[1])
+            down, rows_np, res_np = self.stage.views(key, self._both_views, *key[1:])
+            down.copy_(res.view(self._u8).as_strided((span,), (1,)), non_blocking=True)
+            offs[1] += span
+            self.copies += 1
+            return rows_np, res_np
         rows: Any = None
         if run:  # straight into the (registered) arena
             self.host[int(dst[0]) : int(dst[0]) + m * length].view(m, length).copy_(blocks, non_blocking=True)
@@ -200,6 +243,13 @@ class ZvcBatcher:
         buf = self.stage.buffer(which, off + m * width, self.device)[off : off + m * width]
         t = buf.view(m, width) if which == "down" else buf.view(torch.int64).view(m, 3)
         return t, t.numpy()
+
+    def _both_views(self, length: int, m: int, gap: int, off: int) -> tuple[Any, Any, Any]:
+        """``gap + m * length`` bytes at byte ``off`` of the read-back buffer: results first, rows at ``gap``."""
+        span = gap + m * length
+        buf = self.stage.buffer("down", off + span, self.device)[off : off + span]
+        flat = buf.numpy()
+        return buf, flat[gap:].reshape(m, length), flat[: 24 * m].view(np.int64).reshape(m, 3)
 
     def _wait(self) -> None:
         """Wait (sleeping, not spinning) until this thread's stream has done every copy queued so far (CUDA)."""
@@ -246,12 +296,27 @@ def host_crc32(rows: Any, lengths: Any) -> Any:
     return torch.tensor([zlib.crc32(r[i, :s]) for i, s in enumerate(lengths.tolist())], dtype=torch.int64)
 
 
+def _results_and_rows(n: int, length: int, device: Any) -> tuple[Any, Any]:
+    """``(n, 3)`` int64 results and ``(n, L)`` uint8 rows, back to back in one buffer (results first).
+
+    So the rows and the results of a batch come back to the host in one copy
+    (:meth:`ZvcBatcher._download`); in a CUDA graph the buffer is the graph's and a batch of
+    fewer rows than its bucket reads the results of its rows, the padding's results and its rows.
+    """
+    import torch
+
+    flat = torch.empty(n * (24 + length), dtype=torch.uint8, device=device)
+    return flat[: 24 * n].view(torch.int64).view(n, 3), flat[24 * n :].view(n, length)
+
+
 def _pack_step(rows: Any, *, crc: Any) -> tuple[Any, Any]:
     """ZVC-pack ``(n, L)`` rows: the stored rows and ``(codec, size, crc)`` of each (one graph on CUDA)."""
     import torch
 
-    blocks, codec, size = pack_rows(rows)
-    return blocks, torch.stack([codec, size, crc(blocks, size)], 1)
+    res, out = _results_and_rows(rows.shape[0], rows.shape[1], rows.device)
+    blocks, codec, size = pack_rows(rows, out=out)
+    torch.stack([codec, size, crc(blocks, size)], 1, out=res)
+    return blocks, res
 
 
 def _unpack_step(rows: Any, meta: Any, *, crc: Any) -> tuple[Any, Any]:
@@ -264,11 +329,13 @@ def _unpack(rows: Any, meta: Any, crc: Any) -> tuple[Any, Any]:
     import torch
 
     codec, size, want = meta
-    length = rows.shape[1]
+    n, length = rows.shape
     rows = rows * (torch.arange(length, device=rows.device, dtype=torch.int32) < size.unsqueeze(1))
     same = crc(rows, size) == want
     blocks, ok = unpack_rows(rows, codec, size)
     good = same & ok
     status = torch.where(same, torch.where(ok, length, ERR_CORRUPT), ERR_CHECKSUM)
-    blocks = blocks * good.unsqueeze(1)
-    return blocks, torch.stack([codec, status, torch.where(good, want, 0)], 1)
+    res, out = _results_and_rows(n, length, rows.device)
+    torch.mul(blocks, good.unsqueeze(1), out=out)
+    torch.stack([codec, status, torch.where(good, want, 0)], 1, out=res)
+    return out, res
