@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 import zlib
 
 import pytest
@@ -166,6 +167,38 @@ def test_prepare_runs_the_codec_on_every_launch_thread(codec: Codec) -> None:
         ((used, clen, crc),) = asyncio.run(engine.run([(Op.COMPRESS, codec, 32 * B, B, 33 * B, B, 0)]))
         asyncio.run(engine.run([(Op.DECOMPRESS, used, 33 * B, clen, 34 * B, B, crc)]))
         assert bytes(engine.arena.view[34 * B : 35 * B]) == text
+    finally:
+        engine.close()
+
+
+class _OverlapRecordingStandIn(_ThreadRecordingStandIn):
+    """The stand-in, counting how many launch threads are inside a codec call at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.most = 0, 0
+        self._lock = threading.Lock()
+
+    def encode(self, rows, codec, stream):
+        with self._lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        time.sleep(0.05)  # room for another thread to come in, were the warm-ups concurrent
+        try:
+            return super().encode(rows, codec, stream)
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+
+def test_launch_threads_prepare_one_at_a_time() -> None:
+    """s14 H100: two launch threads capturing at once invalidated a capture; the warm-ups now take turns."""
+    stand_in = _OverlapRecordingStandIn()
+    engine = NvcompEngine(64 * B, device="cpu", workers=3, codec=Codec.LZ4, batch_codec=stand_in)
+    try:
+        engine.prepare(B, Codec.LZ4)
+        assert len({t for t, _, _ in stand_in.seen}) == 3  # still every launch thread, each once
+        assert stand_in.most == 1
     finally:
         engine.close()
 

@@ -29,6 +29,11 @@ __all__ = ["GraphRunner", "bucket_of"]
 
 log = logging.getLogger("carina.infra.storage")
 
+_CAPTURE = threading.Lock()
+"""One capture at a time in the process. ``torch.cuda.graph`` synchronizes the device and empties the
+allocator's cache before it begins, which invalidates a capture running on another launch thread
+(s14 H100, two launch threads per front end: ``cudaErrorStreamCaptureInvalidated`` at 4 KiB)."""
+
 
 def bucket_of(n: int) -> int:
     """The row count a batch of ``n`` rows is padded to (the next power of two)."""
@@ -106,14 +111,14 @@ class GraphRunner:
 
         statics = [torch.zeros((bucket, *a.shape[1:]), dtype=a.dtype, device=a.device) for a in args]
         try:
-            with torch.cuda.stream(stream):
+            with _CAPTURE, torch.cuda.stream(stream):
                 for static, arg in zip(statics, args, strict=True):  # warm-up on real rows: lazy inits happen here
                     static[: arg.shape[0]].copy_(arg)
                 fn(*statics)
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                outs = fn(*statics)
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                    outs = fn(*statics)
         except RuntimeError as exc:  # a step that cannot be captured still runs, eagerly
             log.warning("CUDA graph capture of %s (%d rows) failed, running it eagerly: %s", key, bucket, exc)
             self._broken.add((key, bucket))

@@ -118,16 +118,19 @@ class TorchEngine(PayloadEngine):
             self._on_each_launch_thread(self._prepare_thread, block_size, codec)
 
     def _on_each_launch_thread(self, fn: Any, *args: Any) -> None:
-        """Run ``fn(k, *args)`` once on each launch thread ``k`` (their stream, their objects), all at once.
+        """Run ``fn(k, *args)`` once on each launch thread ``k`` (their stream, their objects), one at a time.
 
-        A barrier holds each task until every launch thread has one, so no thread runs two; the first
+        A barrier holds each task until every launch thread has one, so no thread runs two; then they run
+        one after another, so no thread's work lands in another's CUDA graph capture (two launch threads
+        preparing at once failed with ``cudaErrorStreamCaptureInvalidated`` on the s14 H100). The first
         failure is raised once all have ended.
         """
-        gate = threading.Barrier(self.workers)
+        gate, turn = threading.Barrier(self.workers), threading.Lock()
 
         def task(k: int) -> None:
             gate.wait(60)
-            fn(k, *args)
+            with turn:
+                fn(k, *args)
 
         for f in [self._pool.submit(task, k) for k in range(self.workers)]:
             f.result()
