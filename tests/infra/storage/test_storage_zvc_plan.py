@@ -289,7 +289,7 @@ def test_cuda_batches_after_the_first_upload_into_the_graphs_inputs_bit_for_bit(
     cpu_arena = memoryview(bytearray(6 * n * b))
     gpu_arena = memoryview(bytearray(cpu_arena))
     cpu = ZvcBatcher(cpu_arena, "cpu", raw_reads=True)
-    cuda = ZvcBatcher(gpu_arena, "cuda", raw_reads=True)
+    cuda = ZvcBatcher(gpu_arena, "cuda", raw_reads=True, graph_inputs=True)
     stream = torch.cuda.Stream()
     for k in range(4):
         blocks = _fill(rng, cpu_arena, [2 * i * b for i in range(n)], b)

@@ -8,7 +8,8 @@ whose sources lie back to back is read straight from the arena (which
 :class:`~carina.infra.storage.torch_engine.TorchEngine` registers with CUDA, so the copy is DMA);
 otherwise its blocks, and the codec, stored length and CRC that decoding checks, are gathered into this
 launch thread's staging buffer by one numpy call (:mod:`carina.infra.storage.zvcstage`) and go to the
-device in one copy. Once the launch thread's CUDA graph for a group's bucket exists, those copies go
+device in one copy. With ``graph_inputs`` (off by default: its GPU test has not run on a device yet),
+once the launch thread's CUDA graph for a group's bucket exists, those copies go
 straight into the graph's inputs (:meth:`~carina.infra.storage.graphs.GraphRunner.inputs`), so the
 replay copies nothing. The steps write each row's ``(codec, size or status, CRC)`` and the rows into
 one buffer, results first, so a group comes back in one copy into the staging (or, when its
@@ -55,12 +56,22 @@ class ZvcBatcher:
         device_crc: CRC-32 by the device's matrix product (:class:`~carina.infra.storage.crc.RowCrc32`)
             rather than by ``zlib.crc32`` per block on the host. Default: on any device but the CPU,
             where zlib's table-driven loop is faster than the product.
+        graph_inputs: On CUDA, copy a group's inputs straight into its captured graph's static inputs
+            (one copy less per argument). Off by default until its ``gpu`` test has run on a device.
 
     Attributes:
         copies: Host/device copy calls issued (none on the CPU; a test and a benchmark read it).
     """
 
-    def __init__(self, mv: memoryview, device: str, *, raw_reads: bool = False, device_crc: bool | None = None) -> None:
+    def __init__(
+        self,
+        mv: memoryview,
+        device: str,
+        *,
+        raw_reads: bool = False,
+        device_crc: bool | None = None,
+        graph_inputs: bool = False,
+    ) -> None:
         import torch
 
         self.mv = mv
@@ -75,6 +86,8 @@ class ZvcBatcher:
         self.device_crc = device != "cpu" if device_crc is None else device_crc
         self.copies = 0
         self._cuda = torch.device(device).type == "cuda"
+        # uploads straight into the CUDA graphs' inputs (session 14): off until its gpu test has run on a device
+        self._graph_inputs = graph_inputs and self._cuda
         self._u8 = torch.uint8
         self._steps: dict[tuple[int, int], Any] = {}  # (op, block length) -> its device step, CRC bound
         self._local = threading.local()  # each launch thread's wait event
@@ -152,7 +165,7 @@ class ZvcBatcher:
         step = self._steps.get((op, length)) or self._step(op, length)
         name = (_NAMES[op], length)
         # on CUDA, once this thread's graph for the bucket exists, the rows go straight into its inputs
-        statics = self.graphs.inputs(name, m) if self._cuda else None
+        statics = self.graphs.inputs(name, m) if self._graph_inputs else None
         if op == _COMPRESS and g.src_run:  # one run: the rows are the arena's own bytes
             s0 = int(g.src[0])
             args: tuple[Any, ...] = (self.host[s0 : s0 + m * length].view(m, length),)
