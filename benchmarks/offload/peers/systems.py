@@ -79,26 +79,29 @@ def run_plain_checkpointed(spec: RunSpec) -> RunResult:
     return run_plain(spec, checkpointing=True)
 
 
-def _carina_host_budget(spec: RunSpec, model: Any, device: str) -> dict[str, int | None]:
+def _carina_host_budget(spec: RunSpec, device: str) -> dict[str, int | None]:
     """``host_budget`` for a whole-process host limit, the way docs/offload.md says to pass one.
 
     The configuration's host budget bounds the process's peak RSS (the peers' rows are judged by it), and
-    carina's ``host_budget`` covers only what carina holds: ``limit - baseline - margin``, with the
-    baseline measured after a first CUDA kernel and a matmul (the context and cuBLAS load then) and the
-    margin for what the allocators keep (s13 H100: RSS passed its plan by 1.87 GB, 0.91 GB of it the
-    process before CUDA; ``PEERS_CARINA_HOST_MARGIN_GIB``, default 1.5). On the CPU the model and its
-    activations are host memory too, so the budget is passed as given (the ``ci-spill`` preset's tiny one).
+    carina's ``host_budget`` covers only what carina holds: ``limit - baseline - margin``. Called before
+    the model is built: the baseline is the process's RSS after a first CUDA matmul (the context and
+    cuBLAS load then), the libraries and CUDA without the model, whose tensors ``wrap`` moves into
+    carina's buffers (a model mapped from the weights cache is not resident yet, so subtracting its bytes
+    afterwards, as ``process_baseline`` does, would undercount). The margin is for what the allocators
+    keep (s13 H100: RSS passed its plan by 1.87 GB, 0.91 GB of it the process before CUDA;
+    ``PEERS_CARINA_HOST_MARGIN_GIB``, default 1.5). On the CPU the model and its activations are host
+    memory too, so the budget is passed as given (the ``ci-spill`` preset's tiny one).
     """
     import torch
 
-    import carina.offload as co
+    from carina.offload.hostmem import process_rss
 
     limit = int(spec.host_budget_gib * 2**30) if spec.host_budget_gib else None
     if limit is None or not device.startswith("cuda"):  # on the CPU the model itself is host memory: as given
         return {"host_budget": limit, "limit": limit, "process_baseline": None, "margin": None}
     a = torch.ones(256, 256, device=device, dtype=torch.bfloat16)
     (a @ a).sum().item()
-    baseline = co.process_baseline(model) or 0
+    baseline = process_rss() or 0
     margin = int(float(os.environ.get("PEERS_CARINA_HOST_MARGIN_GIB", "1.5")) * 2**30)
     return {"host_budget": limit - baseline - margin, "limit": limit, "process_baseline": baseline, "margin": margin}
 
@@ -111,13 +114,13 @@ def run_carina(spec: RunSpec) -> RunResult:
     from carina.offload.timing import summarize
 
     device = resolve_device(spec.device)
+    host = _carina_host_budget(spec, device)  # before the model exists: the process without it
     model = build_model(spec, device="cpu")
     # where host memory goes, phase by phase (the s13 spill row's peak RSS passed the host budget)
     rss = {"built": host_rss_now()}
     # carina plans within 90% of the cap (it keeps its own allocator headroom inside that).
     fraction = float(os.environ.get("PEERS_CARINA_PLAN_FRACTION", "0.9"))  # a diagnostic knob of this harness
     budget = int(fraction * spec.gpu_budget_gib * 2**30) if spec.gpu_budget_gib else None
-    host = _carina_host_budget(spec, model, device)
     rss["baseline"] = host
     cfg = co.OffloadConfig(
         device=device,

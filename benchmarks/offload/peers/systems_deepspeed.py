@@ -25,7 +25,7 @@ _MATRICES_PER_LAYER = 7  # a Llama decoder layer: q, k, v, o, gate, up, down (th
 
 
 def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``offload_param`` and ``offload_optimizer``: pinned CPU memory, or NVMe with the tutorial's buffers."""
+    """``offload_param`` and ``offload_optimizer``: pinned CPU memory, or NVMe with buffers sized to the model."""
     if not nvme:
         return {"device": "cpu", "pin_memory": True}, {"device": "cpu", "pin_memory": True}
     common = {"device": "nvme", "nvme_path": spec.nvme_path, "pin_memory": True}
@@ -39,7 +39,7 @@ def _offload_targets(spec: RunSpec, nvme: bool) -> tuple[dict[str, Any], dict[st
     # none. Two decoder layers' matrices (7 each) plus the embedding and the head keep one layer's fetch
     # and the next one's prefetch in buffers at once (16 x 131M bf16 = 4.2 GB pinned at the 7B shape).
     param = common | {
-        "buffer_count": max(5, 2 * _MATRICES_PER_LAYER + 2),
+        "buffer_count": 2 * _MATRICES_PER_LAYER + 2,
         "buffer_size": max(int(1e8), largest),
         "max_in_cpu": int(1e9),
     }
