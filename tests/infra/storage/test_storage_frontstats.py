@@ -156,6 +156,7 @@ def test_serve_with_two_front_ends_publishes_merged_live_stats(tmp_path: Path) -
         b = RawNbdClient(tier.port)
         b.go()
         _drive(a, 0, writes=6, reads=4, read_len=2 * BLOCK)
+        _wait_for(tier.events, {"write": 6, "read": 4})  # a line between the two drives: at least two lines
         _drive(b, 8, writes=3, reads=9, read_len=4096)
         live = _wait_for(tier.events, {"write": 9, "read": 13})
         a.disconnect()
