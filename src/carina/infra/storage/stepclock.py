@@ -54,12 +54,7 @@ class StepClock:
         try:
             yield
         finally:
-            wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
-            with self._lock:
-                acc = self._sums.setdefault(name, [0.0, 0.0, 0.0])
-                acc[0] += wall
-                acc[1] += cpu
-                acc[2] += 1
+            self.add([(name, time.perf_counter() - w0, time.thread_time() - c0)])
 
     def laps(self) -> Laps:
         """A :class:`Laps` of this clock, its first lap starting now."""
@@ -70,9 +65,7 @@ class StepClock:
         with self._lock:
             sums = self._sums
             for name, wall, cpu in laps:
-                acc = sums.get(name)
-                if acc is None:
-                    acc = sums[name] = [0.0, 0.0, 0.0]
+                acc = sums.setdefault(name, [0.0, 0.0, 0.0])
                 acc[0] += wall
                 acc[1] += cpu
                 acc[2] += 1
